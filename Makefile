@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine:  make demo  |  make test
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test test-all lint typecheck demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+	$(BIN)/pip install --quiet -e ".[dev,wandb]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)  ## set-up + lint + type check + the default (fast) test suite
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+test-all: $(STAMP)  ## also the slow tests
+	$(BIN)/pytest -q -m "slow or not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+demo: $(STAMP)  ## set-up + the VAR pipeline on bundled digits (CPU, minutes)
+	$(BIN)/trainlab demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The shared training engine: precision, accumulation, DDP, checkpoints, logging, signals. Never names a recipe."""

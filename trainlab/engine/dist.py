@@ -1,0 +1,114 @@
+"""Distributed helpers. In a single process (no torchrun env) nothing here creates a process group.
+
+`init()` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); everything else works with or without a
+process group: `world_size()` is 1 and collectives are identities when none exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as torch_dist
+
+log = logging.getLogger(__name__)
+
+
+def is_initialized() -> bool:
+    return torch_dist.is_available() and torch_dist.is_initialized()
+
+
+def rank() -> int:
+    return torch_dist.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    return torch_dist.get_world_size() if is_initialized() else 1
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init(device_type: str) -> None:
+    """Create the process group when launched by torchrun with WORLD_SIZE > 1; otherwise do nothing.
+
+    The backend is chosen explicitly and logged: NCCL for CUDA, gloo for CPU.
+    """
+    if is_initialized() or not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        return
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank())
+    torch_dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
+    log.info("distributed: backend=%s rank=%d world_size=%d", backend, rank(), world_size())
+
+
+def cleanup() -> None:
+    if is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if is_initialized():
+        torch_dist.barrier()
+
+
+def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Average scalar metrics over ranks (identity in one process)."""
+    if not is_initialized() or not values:
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
+    t /= world_size()
+    return dict(zip(keys, t.tolist()))
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True if `flag` is true on any rank: lets all ranks agree to stop together (e.g. on SIGTERM)."""
+    if not is_initialized():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def broadcast_object(obj: object) -> object:
+    """Send a picklable object from rank 0 to every rank."""
+    if not is_initialized():
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        out = [torch.zeros_like(x) for _ in range(world_size())]
+        torch_dist.all_gather(out, x.contiguous())
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        stacked = torch.stack(grads)
+        torch_dist.all_reduce(stacked)
+        return stacked[rank()]
+
+
+def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate `x` from every rank along dim 0, keeping the gradient for the local slice (identity in one process)."""
+    if not is_initialized() or world_size() == 1:
+        return x
+    return torch.cat(_GatherWithGrad.apply(x), dim=0)

@@ -1,0 +1,448 @@
+"""The training loop every recipe runs on.
+
+One optimizer step = `grad_accumulation` micro-steps per phase. Micro-steps before the last run inside DDP's
+`no_sync` (forward and backward); the loss is divided by the number of micro-steps; then, once: unscale, clip
+(the norm is always a finite float or the step is reported as skipped), optimizer step, scaler update, schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainlab.config import to_dict
+from trainlab.engine import dist
+from trainlab.engine.checkpoint import atomic_copy, atomic_save, check_compatible, load_checkpoint
+from trainlab.engine.data import StepBatchSampler, build_loader
+from trainlab.engine.memory import peak_memory, reset_peak, synchronize
+from trainlab.engine.metrics import MetricsLogger, progress
+from trainlab.engine.precision import LossScaler, Precision, check_device_support, grad_norm_, only_requires_grad
+from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.engine.runinfo import prepare_run_dir, write_config
+from trainlab.engine.schedule import Scheduler
+from trainlab.engine.seeding import rng_state, seed_everything, set_deterministic, set_rng_state
+from trainlab.engine.signals import graceful_stop
+from trainlab.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+ENGINE_RESUME_KEYS = ("precision", "batch_size", "grad_accumulation", "seed")
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when available (and says so); an explicit CUDA request without CUDA is an error."""
+    if name == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        log.info("device: %s (auto: CUDA %savailable)", device, "" if device.type == "cuda" else "not ")
+        return device
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r}; use cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
+    return device
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    return batch
+
+
+@dataclass
+class Progress:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    step_in_epoch: int = 0
+    best_score: float | None = None
+
+
+@dataclass
+class FitResult:
+    status: str  # "finished" | "interrupted" | "max_steps"
+    step: int
+    epoch: int
+    losses: list[float]  # per optimizer step (first phase's loss), this process, this call
+    last_eval: dict[str, float]
+
+
+class Trainer:
+    """Runs a recipe. Single process needs no process group; under torchrun every rank builds a Trainer."""
+
+    def __init__(self, recipe: Recipe, *, write_outputs: bool = True) -> None:
+        self.recipe = recipe
+        self.config: TrainConfig = recipe.config
+        cfg = self.config
+        self.device = resolve_device(cfg.device)
+        self.precision = Precision.parse(cfg.precision)
+        check_device_support(self.precision, self.device)
+        if cfg.memory_snapshot and self.device.type != "cuda":
+            raise UsageError("--memory-snapshot records the CUDA caching allocator and needs a CUDA device")
+        dist.init(self.device.type)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", dist.local_rank())
+        self.is_main = dist.is_main()
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_dir = self.run_dir / "ckpt"
+        self.write_outputs = write_outputs and self.is_main
+        if self.write_outputs:
+            prepare_run_dir(self.run_dir)
+        log.info(
+            "precision: %s (weights %s, autocast %s, loss scaling %s)",
+            self.precision.name,
+            self.precision.param_dtype,
+            self.precision.autocast_dtype,
+            self.precision.scaling,
+        )
+
+        set_deterministic(cfg.deterministic)
+        seed_everything(cfg.seed)
+        self.parts: TrainParts = recipe.build(self.device)
+        for name, model in self.parts.models.items():
+            self.precision.prepare_model(model, keep_batchnorm_fp32=cfg.keep_batchnorm_fp32)
+            self.parts.models[name] = model.to(self.device)
+        self.phases: list[Phase] = self.parts.phases
+        if not self.phases:
+            raise ValueError(f"recipe {recipe.name} built no optimizer phase")
+        self.world = dist.world_size()
+        self.sampler = StepBatchSampler(
+            len(self.parts.train_dataset),  # type: ignore[arg-type]
+            batch_size=cfg.batch_size,
+            accumulation=cfg.grad_accumulation,
+            rank=dist.rank(),
+            world=self.world,
+            seed=cfg.seed,
+        )
+        self.loader = build_loader(
+            self.parts.train_dataset,
+            self.sampler,
+            num_workers=cfg.num_workers,
+            seed=cfg.seed,
+            pin_memory=self.device.type == "cuda",
+            collate_fn=self.parts.collate_fn,
+        )
+        self.steps_per_epoch = self.sampler.steps_per_epoch
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        if cfg.max_steps > 0:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.scalers = {p.name: LossScaler(self.precision, self.device.type, cfg.static_loss_scale) for p in self.phases}
+        self.schedulers = {p.name: Scheduler(p.optimizer, cfg.schedule, self.total_steps) for p in self.phases}
+        self.wrapped = self._wrap_ddp()
+        self.progress = Progress()
+        self._stop_at_step: int | None = None
+        self.all_params = [p for m in self.parts.models.values() for p in m.parameters()]
+
+    # ----------------------------------------------------------------------------------------------- set-up
+    def _wrap_ddp(self) -> dict[str, nn.Module]:
+        trained = {name for phase in self.phases for name in phase.modules}
+        wrapped: dict[str, nn.Module] = {}
+        for name, model in self.parts.models.items():
+            if self.world > 1 and name in trained and any(p.requires_grad for p in model.parameters()):
+                device_ids = [self.device.index] if self.device.type == "cuda" else None
+                wrapped[name] = DistributedDataParallel(
+                    model,
+                    device_ids=device_ids,
+                    find_unused_parameters=self.config.ddp_find_unused_parameters,
+                    broadcast_buffers=False,
+                )
+            else:
+                wrapped[name] = model
+        return wrapped
+
+    def _models_for(self, phase: Phase) -> Mapping[str, nn.Module]:
+        """Modules trained in `phase` are DDP-wrapped; the others are passed raw (no gradient sync expected)."""
+        return {n: (self.wrapped[n] if n in phase.modules else m) for n, m in self.parts.models.items()}
+
+    def _phase_params(self, phase: Phase) -> list[nn.Parameter]:
+        return [p for n in phase.modules for p in self.parts.models[n].parameters() if p.requires_grad]
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        per_rank_rng: list[Any] = [rng_state()]
+        if dist.is_initialized():
+            gathered: list[Any] = [None] * self.world
+            torch.distributed.all_gather_object(gathered, per_rank_rng[0])
+            per_rank_rng = gathered
+        return {
+            "format": "trainlab-checkpoint",
+            "version": 1,
+            "recipe": self.recipe.name,
+            "config": to_dict(self.config),
+            "models": {n: m.state_dict() for n, m in self.parts.models.items()},
+            "optimizers": {p.name: p.optimizer.state_dict() for p in self.phases},
+            "scalers": {n: s.state_dict() for n, s in self.scalers.items()},
+            "schedulers": {n: s.state_dict() for n, s in self.schedulers.items()},
+            "step": self.progress.step,
+            "epoch": self.progress.epoch,
+            "step_in_epoch": self.progress.step_in_epoch,
+            "best_score": self.progress.best_score,
+            "rng_per_rank": per_rank_rng,
+            "recipe_state": self.recipe.state_dict(),
+        }
+
+    def save(self, *, is_best: bool = False) -> None:
+        state = self.state_dict()  # collective under DDP: every rank takes part
+        if not self.write_outputs:
+            return
+        last = self.ckpt_dir / "last.pt"
+        atomic_save(state, last)
+        if is_best:
+            atomic_copy(last, self.ckpt_dir / "best.pt")
+        log.info("saved %s (step %d%s)", last, self.progress.step, ", best" if is_best else "")
+
+    def load(self, path: Path) -> None:
+        state = load_checkpoint(path)
+        if state.get("recipe") != self.recipe.name:
+            raise UsageError(f"checkpoint {path} is from recipe {state.get('recipe')!r}, not {self.recipe.name!r}")
+        keys = ENGINE_RESUME_KEYS + self.recipe.resume_must_match
+        check_compatible(state["config"], to_dict(self.config), keys, path)
+        for name, model in self.parts.models.items():
+            try:
+                model.load_state_dict(state["models"][name])
+            except (KeyError, RuntimeError) as err:
+                first = str(err).splitlines()[0][:200]
+                raise UsageError(f"checkpoint {path} does not fit model {name!r} ({first}); check --model") from None
+        for phase in self.phases:
+            phase.optimizer.load_state_dict(state["optimizers"][phase.name])
+            self.scalers[phase.name].load_state_dict(state["scalers"][phase.name])
+            self.schedulers[phase.name].load_state_dict(state["schedulers"][phase.name])
+        self.progress = Progress(
+            step=int(state["step"]),
+            epoch=int(state["epoch"]),
+            step_in_epoch=int(state["step_in_epoch"]),
+            best_score=state["best_score"],
+        )
+        rngs = state["rng_per_rank"]
+        set_rng_state(rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0])
+        self.recipe.load_state_dict(state["recipe_state"])
+        log.info("resumed from %s at step %d (epoch %d, step %d in epoch)", path, *self._position())
+
+    def _position(self) -> tuple[int, int, int]:
+        return self.progress.step, self.progress.epoch, self.progress.step_in_epoch
+
+    def _resume_path(self) -> Path | None:
+        resume = self.config.resume
+        if not resume:
+            return None
+        if resume == "auto":
+            last = self.ckpt_dir / "last.pt"
+            return last if last.is_file() else None
+        return Path(resume)
+
+    # ---------------------------------------------------------------------------------------------- steps
+    def _optimizer_step(self, micro_batches: list[Any]) -> dict[str, float]:
+        """One optimizer step per active phase over the same micro-batches. Returns float metrics."""
+        metrics: dict[str, float] = {}
+        step = self.progress.step
+        num_micro = len(micro_batches)
+        multi = len(self.phases) > 1
+        for phase in self.phases:
+            if not self.recipe.phase_active(phase.name, step):
+                continue
+            prefix = f"{phase.name}/" if multi else ""
+            models = self._models_for(phase)
+            params = self._phase_params(phase)
+            scaler = self.scalers[phase.name]
+            lr = self.schedulers[phase.name].apply(step)
+            sums: dict[str, torch.Tensor] = {}
+            freeze = only_requires_grad(params, self.all_params) if multi else contextlib.nullcontext()
+            with freeze:
+                for i, batch in enumerate(micro_batches):
+                    sync = i == num_micro - 1
+                    with self._no_sync(phase, skip=not sync):
+                        with self.precision.autocast(self.device.type):
+                            out = self.recipe.train_step(models, batch, phase.name, step)
+                        loss = out["loss"]
+                        scaler.scale(loss / num_micro).backward()
+                    for key, value in out.items():
+                        v = value.detach().float() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+                        sums[key] = sums.get(key, 0) + v / num_micro
+            scaler.unscale_(phase.optimizer)
+            clip = self.config.clip_grad_norm if phase.clip_grad_norm is None else phase.clip_grad_norm
+            norm, finite = grad_norm_(params, clip)
+            stepped = scaler.step(phase.optimizer, finite)
+            phase.optimizer.zero_grad(set_to_none=True)
+            for key, value in sums.items():
+                metrics[prefix + key] = float(value)
+            metrics[prefix + "grad_norm"] = norm if finite else float("nan")
+            metrics[prefix + "skipped"] = 0.0 if stepped else 1.0
+            metrics[prefix + "lr"] = lr
+            if scaler.policy != "none":
+                metrics[prefix + "loss_scale"] = scaler.current_scale
+            if not stepped:
+                log.warning("step %d (%s): non-finite gradients (overflow); optimizer step skipped", step, phase.name)
+        return metrics
+
+    def _no_sync(self, phase: Phase, skip: bool) -> contextlib.AbstractContextManager[Any]:
+        if not skip:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for name in phase.modules:
+            module = self.wrapped[name]
+            if isinstance(module, DistributedDataParallel):
+                stack.enter_context(module.no_sync())
+        return stack
+
+    def _micro_batches(self, iterator: Iterator[Any]) -> list[Any]:
+        batches = []
+        for _ in range(self.config.grad_accumulation):
+            batch = move_to(next(iterator), self.device)
+            batches.append(self.precision.cast_input(batch))
+        return batches
+
+    # ------------------------------------------------------------------------------------------------ fit
+    def fit(self, stop_at_step: int | None = None) -> FitResult:
+        """Train to the end (or to `stop_at_step`, saving there as an interruption would: used by --debug/tests)."""
+        cfg = self.config
+        self._stop_at_step = stop_at_step
+        resume_path = self._resume_path()
+        if resume_path is not None:
+            self.load(resume_path)
+        elif cfg.resume and cfg.resume != "auto":
+            raise UsageError(f"checkpoint {cfg.resume} not found")
+        logger = MetricsLogger(
+            self.run_dir if self.write_outputs else None,
+            tensorboard=cfg.tensorboard,
+            wandb_mode=cfg.wandb,
+            config=to_dict(cfg),
+        )
+        if self.write_outputs:
+            write_config(self.run_dir, self.recipe.name, to_dict(cfg))
+        if cfg.memory_snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+        losses: list[float] = []
+        last_eval: dict[str, float] = {}
+        epoch_seconds: list[float] = []
+        samples_seen = 0
+        status = "finished"
+        reset_peak(self.device)
+        try:
+            with graceful_stop() as stop:
+                while self.progress.epoch < cfg.epochs and status == "finished":
+                    status, epoch_time, samples = self._run_epoch(logger, stop, losses)
+                    if epoch_time is not None:
+                        epoch_seconds.append(epoch_time)
+                        samples_seen += samples
+                    if self.progress.step_in_epoch == 0:  # an epoch just completed
+                        last_eval = self._end_of_epoch(logger) or last_eval
+            logger.log("summary", self.progress.step, self.progress.epoch,
+                       self._summary(epoch_seconds, samples_seen, last_eval))
+        finally:  # on an exception nothing is saved: the last good checkpoint stays as it was
+            logger.close()
+        return FitResult(status, self.progress.step, self.progress.epoch, losses, last_eval)
+
+    def _run_epoch(self, logger: MetricsLogger, stop: Any, losses: list[float]) -> tuple[str, float | None, int]:
+        cfg = self.config
+        epoch = self.progress.epoch
+        start = self.progress.step_in_epoch
+        self.sampler.set_epoch(epoch, start_step=start)
+        set_epoch = getattr(self.parts.train_dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        for model in self.parts.models.values():
+            model.train()
+        iterator = iter(self.loader)
+        bar = progress(self.steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}", enabled=cfg.progress, initial=start)
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        steps_done = 0
+        status = "finished"
+        first_loss_key = "loss" if len(self.phases) == 1 else f"{self.phases[0].name}/loss"
+        try:
+            while self.progress.step_in_epoch < self.steps_per_epoch:
+                metrics = self._optimizer_step(self._micro_batches(iterator))
+                self.progress.step += 1
+                self.progress.step_in_epoch += 1
+                steps_done += 1
+                losses.append(metrics.get(first_loss_key, math.nan))
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics.get(first_loss_key, math.nan):.4f}")
+                if self.progress.step == 3 and cfg.memory_snapshot:
+                    self._dump_memory_snapshot()
+                if self.progress.step % cfg.log_every == 0 or self.progress.step == 1:
+                    averaged = dist.all_reduce_mean(metrics, self.device)
+                    logger.log("train", self.progress.step, epoch, averaged)
+                stop_now = dist.any_rank(stop.requested, self.device)
+                reached_max = (cfg.max_steps > 0 and self.progress.step >= cfg.max_steps) or (
+                    self._stop_at_step is not None and self.progress.step >= self._stop_at_step
+                )
+                if stop_now or reached_max:
+                    if self.progress.step_in_epoch < self.steps_per_epoch:
+                        self.save()  # mid-epoch; at an epoch end the end-of-epoch save covers it
+                    status = "interrupted" if stop_now else "max_steps"
+                    if stop_now:
+                        log.warning("stopped by %s at step %d; resume with --resume auto", stop.signal_name,
+                                    self.progress.step)
+                    break
+                if cfg.checkpoint_every and self.progress.step % cfg.checkpoint_every == 0:
+                    self.save()
+        finally:
+            bar.close()
+        synchronize(self.device)
+        elapsed = time.perf_counter() - t0
+        full_epoch = start == 0 and self.progress.step_in_epoch == self.steps_per_epoch
+        if self.progress.step_in_epoch == self.steps_per_epoch:
+            self.progress.epoch += 1
+            self.progress.step_in_epoch = 0
+        return status, (elapsed if full_epoch else None), steps_done * cfg.batch_size
+
+    def _end_of_epoch(self, logger: MetricsLogger) -> dict[str, float]:
+        cfg = self.config
+        epoch = self.progress.epoch  # epochs completed
+        metrics: dict[str, float] = {}
+        evaluate_now = epoch % cfg.eval_every_epochs == 0 or epoch >= cfg.epochs
+        is_best = False
+        if evaluate_now:
+            if self.is_main:
+                for model in self.parts.models.values():
+                    model.eval()
+                with torch.no_grad(), self.precision.autocast(self.device.type):
+                    metrics = self.recipe.evaluate(self.parts.models, self.device, epoch)
+            metrics = dist.broadcast_object(metrics)  # type: ignore[assignment]
+            if metrics:
+                logger.log("eval", self.progress.step, epoch, metrics)
+            key = self.recipe.best_metric
+            if key and key in metrics:
+                score = metrics[key]
+                best = self.progress.best_score
+                better = best is None or (score > best if self.recipe.best_mode == "max" else score < best)
+                if better:
+                    self.progress.best_score = score
+                    is_best = True
+        self.save(is_best=is_best)
+        return metrics
+
+    def _summary(self, epoch_seconds: list[float], samples: int, last_eval: dict[str, float]) -> dict[str, Any]:
+        timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
+        summary: dict[str, Any] = {"precision": self.precision.name, **peak_memory(self.device)}
+        if timed:
+            summary["seconds_per_epoch"] = sum(timed) / len(timed)
+            summary["images_per_second"] = (self.steps_per_epoch * self.config.batch_size) / summary["seconds_per_epoch"]
+            summary["epochs_timed"] = len(timed)
+        summary.update({f"final_{k}": v for k, v in last_eval.items()})
+        if self.progress.best_score is not None and self.recipe.best_metric:
+            summary[f"best_{self.recipe.best_metric}"] = self.progress.best_score
+        return summary
+
+    def _dump_memory_snapshot(self) -> None:
+        path = Path(self.config.memory_snapshot)
+        if self.is_main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(path))
+            log.info("CUDA memory snapshot of the first 3 steps written to %s (open at pytorch.org/memory_viz)", path)
+        torch.cuda.memory._record_memory_history(enabled=None)

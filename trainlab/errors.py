@@ -1,0 +1,13 @@
+"""User-facing errors.
+
+`UsageError` is the one exception type the CLI turns into a single line on stderr and exit code 2. Raise it for
+anything the user can fix (bad flag, missing file, wrong checkpoint); keep `assert` for internal invariants.
+"""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """A problem with the user's input. The message is one line naming the problem and the fix."""
+
+    exit_code = 2

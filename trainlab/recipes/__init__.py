@@ -1,0 +1,25 @@
+"""Recipes: a typed config plus build/train_step on the shared engine. Looked up by name, imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+
+from trainlab.engine.recipe import Recipe
+from trainlab.errors import UsageError
+
+_RECIPES = {
+    "toy": "trainlab.recipes.toy:ToyRecipe",
+    "cifar": "trainlab.recipes.cifar:CifarRecipe",
+}
+
+
+def list_recipes() -> list[str]:
+    return sorted(_RECIPES)
+
+
+def get_recipe(name: str) -> type[Recipe]:
+    if name not in _RECIPES:
+        raise UsageError(f"unknown recipe {name!r}; choose one of: {', '.join(list_recipes())}")
+    module_name, cls_name = _RECIPES[name].split(":")
+    cls: type[Recipe] = getattr(importlib.import_module(module_name), cls_name)
+    return cls
