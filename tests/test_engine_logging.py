@@ -1,0 +1,40 @@
+"""Logging sinks: JSONL (source of truth), TensorBoard event files, W&B in offline mode, config provenance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainlab.engine.loop import Trainer
+from trainlab.recipes.toy import ToyConfig, ToyRecipe
+
+
+def test_jsonl_tensorboard_and_config(tmp_path: Path) -> None:
+    Trainer(ToyRecipe(ToyConfig(run_dir=tmp_path, num_samples=64, batch_size=16, epochs=2, log_every=2))).fit()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("eval") == 2 and kinds[-1] == "summary"
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 4, 6, 8]
+    summary = rows[-1]
+    assert summary["memory_kind"] == "cpu_peak_rss" and summary["peak_memory_bytes"] > 10_000_000
+    assert summary["seconds_per_epoch"] > 0 and summary["epochs_timed"] == 1
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert config["batch_size"] == 16
+    env = yaml.safe_load((tmp_path / "environment.yaml").read_text())
+    assert env["recipe"] == "toy" and env["torch"] and env["git_sha"]
+
+
+def test_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    cfg = ToyConfig(run_dir=tmp_path, num_samples=32, batch_size=16, epochs=1, log_every=1, wandb="offline",
+                    tensorboard=False)
+    Trainer(ToyRecipe(cfg)).fit()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs, list(tmp_path.rglob("*"))[:20]
+    assert list(runs[0].glob("*.wandb"))
