@@ -40,8 +40,9 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["frobnicate"], "unknown command"),
     ],
 )
-def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str,
-                                      tmp_path: Path) -> None:
+def test_bad_input_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str, tmp_path: Path
+) -> None:
     argv = [*argv, "--run-dir", str(tmp_path)] if argv[0] == "train" and len(argv) > 2 else argv
     assert expected in _error_line(capsys, argv)
 
@@ -60,10 +61,15 @@ def test_unwritable_run_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
 def test_yaml_then_flags(tmp_path: Path) -> None:
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("batch_size: 64\nlearning_rate: 0.5\nschedule:\n  kind: linear\n  warmup_fraction: 0.1\n")
-    cfg = parse(ToyConfig, ["--config", str(yaml_file), "--learning-rate", "0.25", "--schedule.kind", "constant"],
-                prog="t")
+    cfg = parse(
+        ToyConfig, ["--config", str(yaml_file), "--learning-rate", "0.25", "--schedule.kind", "constant"], prog="t"
+    )
     assert (cfg.batch_size, cfg.learning_rate, cfg.schedule.kind, cfg.schedule.warmup_fraction) == (
-        64, 0.25, "constant", 0.1)
+        64,
+        0.25,
+        "constant",
+        0.1,
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch_sise: 3\n")
     with pytest.raises(UsageError, match="unknown key"):
@@ -71,8 +77,14 @@ def test_yaml_then_flags(tmp_path: Path) -> None:
 
 
 def test_help_documents_every_field(python: str, run_env: dict[str, str]) -> None:
-    out = subprocess.run([python, "-m", "trainlab", "train", "toy", "--help"], env=run_env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [python, "-m", "trainlab", "train", "toy", "--help"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     import dataclasses
 
     for f in dataclasses.fields(ToyConfig):

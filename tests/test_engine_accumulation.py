@@ -12,8 +12,16 @@ from trainlab.recipes.toy import ToyConfig, ToyRecipe
 
 
 def _first_step(tmp_path: Path, accumulation: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    cfg = ToyConfig(run_dir=tmp_path / f"acc{accumulation}", num_samples=64, batch_size=32,
-                    grad_accumulation=accumulation, epochs=1, seed=3, tensorboard=False, progress=False)
+    cfg = ToyConfig(
+        run_dir=tmp_path / f"acc{accumulation}",
+        num_samples=64,
+        batch_size=32,
+        grad_accumulation=accumulation,
+        epochs=1,
+        seed=3,
+        tensorboard=False,
+        progress=False,
+    )
     trainer = Trainer(ToyRecipe(cfg))
     model = trainer.parts.models["model"]
     optimizer = trainer.phases[0].optimizer
@@ -46,11 +54,14 @@ def test_micro_batches_partition_the_global_batch() -> None:
     big = StepBatchSampler(64, batch_size=32, accumulation=1, rank=0, world=1, seed=5)
     big_batches = list(big)
     for world, accumulation in [(1, 4), (2, 1), (2, 2)]:
-        per_rank = [list(StepBatchSampler(64, batch_size=32, accumulation=accumulation, rank=r, world=world, seed=5))
-                    for r in range(world)]
+        per_rank = [
+            list(StepBatchSampler(64, batch_size=32, accumulation=accumulation, rank=r, world=world, seed=5))
+            for r in range(world)
+        ]
         for step in range(2):
-            seen = sorted(i for r in range(world) for a in range(accumulation)
-                          for i in per_rank[r][step * accumulation + a])
+            seen = sorted(
+                i for r in range(world) for a in range(accumulation) for i in per_rank[r][step * accumulation + a]
+            )
             assert seen == sorted(big_batches[step])
 
 

@@ -19,8 +19,18 @@ from trainlab.recipes.toy import ToyConfig, ToyRecipe
 
 
 def _config(run_dir: Path, **overrides: Any) -> ToyConfig:
-    base = ToyConfig(run_dir=run_dir, num_samples=96, batch_size=16, epochs=2, dropout=0.2, log_every=1,
-                     grad_accumulation=2, tensorboard=False, progress=False, seed=11)
+    base = ToyConfig(
+        run_dir=run_dir,
+        num_samples=96,
+        batch_size=16,
+        epochs=2,
+        dropout=0.2,
+        log_every=1,
+        grad_accumulation=2,
+        tensorboard=False,
+        progress=False,
+        seed=11,
+    )
     return dataclasses.replace(base, **overrides)
 
 

@@ -13,8 +13,26 @@ from trainlab.engine.checkpoint import load_checkpoint
 from trainlab.engine.loop import Trainer
 from trainlab.recipes.toy import ToyConfig, ToyRecipe
 
-COMMON = ["train", "toy", "--batch-size", "16", "--num-samples", "64", "--epochs", "2", "--max-steps", "5",
-          "--device", "cpu", "--log-every", "1", "--tensorboard", "false", "--seed", "4"]
+COMMON = [
+    "train",
+    "toy",
+    "--batch-size",
+    "16",
+    "--num-samples",
+    "64",
+    "--epochs",
+    "2",
+    "--max-steps",
+    "5",
+    "--device",
+    "cpu",
+    "--log-every",
+    "1",
+    "--tensorboard",
+    "false",
+    "--seed",
+    "4",
+]
 
 
 def test_single_process_creates_no_process_group(tmp_path: Path) -> None:
@@ -28,12 +46,31 @@ def test_single_process_creates_no_process_group(tmp_path: Path) -> None:
 
 def test_two_processes_equal_one_process(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([python, "-m", "trainlab", *COMMON, "--run-dir", str(one)], env=run_env, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [python, "-m", "trainlab", *COMMON, "--run-dir", str(one)],
+        env=run_env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     launched = subprocess.run(
-        [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainlab", *COMMON,
-         "--run-dir", str(two)],
-        env=run_env, capture_output=True, text=True, timeout=300,
+        [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "trainlab",
+            *COMMON,
+            "--run-dir",
+            str(two),
+        ],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "backend=gloo rank=0 world_size=2" in launched.stderr
@@ -43,7 +80,10 @@ def test_two_processes_equal_one_process(tmp_path: Path, python: str, run_env: d
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5)
     rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if r["kind"] == "train"]) == 5  # only rank 0 writes, once per step
-    losses_one = [json.loads(x)["loss"] for x in (one / "metrics.jsonl").read_text().splitlines()
-                  if json.loads(x)["kind"] == "train"]
+    losses_one = [
+        json.loads(x)["loss"]
+        for x in (one / "metrics.jsonl").read_text().splitlines()
+        if json.loads(x)["kind"] == "train"
+    ]
     losses_two = [r["loss"] for r in rows if r["kind"] == "train"]  # averaged across ranks
     assert losses_two == __import__("pytest").approx(losses_one, rel=1e-5)

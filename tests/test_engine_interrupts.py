@@ -10,8 +10,26 @@ from pathlib import Path
 
 from trainlab.engine.checkpoint import load_checkpoint
 
-ARGS = ["train", "toy", "--num-samples", "256", "--batch-size", "16", "--epochs", "2", "--log-every", "1",
-        "--tensorboard", "false", "--dropout", "0.1", "--seed", "9", "--device", "cpu"]
+ARGS = [
+    "train",
+    "toy",
+    "--num-samples",
+    "256",
+    "--batch-size",
+    "16",
+    "--epochs",
+    "2",
+    "--log-every",
+    "1",
+    "--tensorboard",
+    "false",
+    "--dropout",
+    "0.1",
+    "--seed",
+    "9",
+    "--device",
+    "cpu",
+]
 
 
 def _train_losses(run_dir: Path) -> list[float]:
@@ -21,26 +39,41 @@ def _train_losses(run_dir: Path) -> list[float]:
 
 def test_sigterm_saves_and_resumes(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
     straight = tmp_path / "straight"
-    subprocess.run([python, "-m", "trainlab", *ARGS, "--run-dir", str(straight)], env=run_env, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [python, "-m", "trainlab", *ARGS, "--run-dir", str(straight)],
+        env=run_env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--step-sleep-seconds", "0.1"],
-                            env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--step-sleep-seconds", "0.1"],
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert "SIGTERM received" in err and "resume with --resume auto" in err
     state = load_checkpoint(run / "ckpt" / "last.pt")
     stopped_at = state["step"]
     assert 0 < stopped_at < 32
 
-    resumed = subprocess.run([python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--resume", "auto"],
-                             env=run_env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--resume", "auto"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert load_checkpoint(run / "ckpt" / "last.pt")["step"] == 32
     # the JSONL of the interrupted+resumed run has the same per-step losses as the straight run

@@ -32,8 +32,9 @@ def test_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    cfg = ToyConfig(run_dir=tmp_path, num_samples=32, batch_size=16, epochs=1, log_every=1, wandb="offline",
-                    tensorboard=False)
+    cfg = ToyConfig(
+        run_dir=tmp_path, num_samples=32, batch_size=16, epochs=1, log_every=1, wandb="offline", tensorboard=False
+    )
     Trainer(ToyRecipe(cfg)).fit()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, list(tmp_path.rglob("*"))[:20]

@@ -35,8 +35,18 @@ def test_invalid_combinations_refused(bad: str) -> None:
 
 @pytest.mark.parametrize("mode", PRECISION_MODES)
 def test_every_mode_trains_two_steps(mode: str, tmp_path: Path) -> None:
-    cfg = ToyConfig(run_dir=tmp_path, precision=mode, num_samples=32, batch_size=16, hidden=8, epochs=1,
-                    grad_accumulation=2, log_every=1, tensorboard=False, progress=False)
+    cfg = ToyConfig(
+        run_dir=tmp_path,
+        precision=mode,
+        num_samples=32,
+        batch_size=16,
+        hidden=8,
+        epochs=1,
+        grad_accumulation=2,
+        log_every=1,
+        tensorboard=False,
+        progress=False,
+    )
     result = Trainer(ToyRecipe(cfg)).fit()
     assert result.step == 2
     assert all(math.isfinite(x) for x in result.losses)
@@ -62,7 +72,7 @@ def test_static_scale_skips_on_overflow_and_reports_it() -> None:
     loss = layer(torch.full((2, 4), 60000.0, dtype=torch.float16)).float().sum() * 100
     scaler.scale(loss).backward()
     scaler.unscale_(opt)
-    norm, finite = grad_norm_(layer.parameters(), 1.0)
+    _, finite = grad_norm_(layer.parameters(), 1.0)
     assert not finite
     assert scaler.step(opt, finite) is False
     assert torch.equal(layer.weight, before)
@@ -90,8 +100,19 @@ def test_grad_norm_without_grads_is_zero_float() -> None:
 
 def test_accumulation_with_fp16_scaler_never_crashes(tmp_path: Path) -> None:
     """Regression: the VAR code's grad_norm was None with accumulation 2 + fp16 GradScaler and `.item()` crashed."""
-    cfg = ToyConfig(run_dir=tmp_path, precision="fp16-amp-scale", num_samples=32, batch_size=8, hidden=8, epochs=1,
-                    grad_accumulation=2, clip_grad_norm=1.0, log_every=1, tensorboard=False, progress=False)
+    cfg = ToyConfig(
+        run_dir=tmp_path,
+        precision="fp16-amp-scale",
+        num_samples=32,
+        batch_size=8,
+        hidden=8,
+        epochs=1,
+        grad_accumulation=2,
+        clip_grad_norm=1.0,
+        log_every=1,
+        tensorboard=False,
+        progress=False,
+    )
     Trainer(ToyRecipe(cfg)).fit()
     import json
 
@@ -107,13 +128,26 @@ def test_scheduler_advances_once_per_optimizer_step(tmp_path: Path) -> None:
     from trainlab.engine.schedule import ScheduleConfig, lr_factor
 
     schedule = ScheduleConfig(kind="cosine", warmup_fraction=0.25)
-    cfg = ToyConfig(run_dir=tmp_path, num_samples=64, batch_size=16, grad_accumulation=4, epochs=2, log_every=1,
-                    schedule=schedule, learning_rate=0.2, tensorboard=False, progress=False)
+    cfg = ToyConfig(
+        run_dir=tmp_path,
+        num_samples=64,
+        batch_size=16,
+        grad_accumulation=4,
+        epochs=2,
+        log_every=1,
+        schedule=schedule,
+        learning_rate=0.2,
+        tensorboard=False,
+        progress=False,
+    )
     Trainer(ToyRecipe(cfg)).fit()
     import json
 
-    lrs = [json.loads(x)["lr"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
-           if json.loads(x)["kind"] == "train"]
+    lrs = [
+        json.loads(x)["lr"]
+        for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        if json.loads(x)["kind"] == "train"
+    ]
     assert len(lrs) == 8
     expected = [0.2 * lr_factor(schedule, s, 8) for s in range(8)]
     assert lrs == pytest.approx(expected, rel=1e-12)

@@ -22,7 +22,7 @@ from trainlab.errors import UsageError
 T = TypeVar("T")
 
 
-def option(default: Any, help: str, **kwargs: Any) -> Any:  # noqa: A002 - mirrors argparse's name
+def option(default: Any, help: str, **kwargs: Any) -> Any:
     """A dataclass field with a help string (shown by `--help`). Mutable defaults are copied per instance."""
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
@@ -64,7 +64,7 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             return value
         if origin in (tuple, list):
             items = value if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
-            (item_tp, *rest) = get_args(tp) or (str,)
+            item_tp = (get_args(tp) or (str,))[0]
             converted = [_convert(v, item_tp, where) for v in items]
             return tuple(converted) if origin is tuple else converted
         if tp is bool:
@@ -145,7 +145,7 @@ def _add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "")
             _add_arguments(parser, tp, dotted + ".")  # type: ignore[arg-type]
             continue
         help_text = f.metadata.get("help", "")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         base, _ = _strip_optional(tp)
         meta = None
         if get_origin(base) is Literal:

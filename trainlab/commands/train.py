@@ -45,8 +45,12 @@ def main(argv: list[str]) -> int:
         summary = ", ".join(f"{k}={v:.4g}" for k, v in result.last_eval.items())
         where = config.run_dir
         if result.status == "interrupted":
-            print(f"interrupted at step {result.step}; saved {where}/ckpt/last.pt; resume with --resume auto",
-                  file=sys.stderr)
+            print(
+                f"interrupted at step {result.step}; saved {where}/ckpt/last.pt; resume with --resume auto",
+                file=sys.stderr,
+            )
         else:
-            print(f"done: {result.step} steps, {result.epoch} epochs{'; ' + summary if summary else ''}; run dir {where}")
+            print(
+                f"done: {result.step} steps, {result.epoch} epochs{'; ' + summary if summary else ''}; run dir {where}"
+            )
     return 0

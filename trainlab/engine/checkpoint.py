@@ -70,7 +70,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise UsageError(f"checkpoint {path} not found; pass an existing file (e.g. runs/<name>/ckpt/last.pt)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad file from the user's point of view
+    except Exception as err:
         first = (str(err).splitlines() or ["unreadable"])[0][:200]
         raise UsageError(f"checkpoint {path} could not be read ({first}); pass a trainlab checkpoint") from None
     if not isinstance(state, dict) or state.get("format") != "trainlab-checkpoint":

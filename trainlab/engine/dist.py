@@ -95,20 +95,20 @@ def broadcast_object(obj: object) -> object:
 
 class _GatherWithGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = [torch.zeros_like(x) for _ in range(world_size())]
         torch_dist.all_gather(out, x.contiguous())
         return tuple(out)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor) -> torch.Tensor:
         stacked = torch.stack(grads)
         torch_dist.all_reduce(stacked)
         return stacked[rank()]
 
 
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate `x` from every rank along dim 0, keeping the gradient for the local slice (identity in one process)."""
+    """Concatenate `x` from every rank along dim 0; the gradient flows back to each rank's own slice."""
     if not is_initialized() or world_size() == 1:
         return x
     return torch.cat(_GatherWithGrad.apply(x), dim=0)

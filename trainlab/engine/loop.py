@@ -24,7 +24,7 @@ from trainlab.config import to_dict
 from trainlab.engine import dist
 from trainlab.engine.checkpoint import atomic_copy, atomic_save, check_compatible, load_checkpoint
 from trainlab.engine.data import StepBatchSampler, build_loader
-from trainlab.engine.memory import peak_memory, reset_peak, synchronize
+from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.metrics import MetricsLogger, progress
 from trainlab.engine.precision import LossScaler, Precision, check_device_support, grad_norm_, only_requires_grad
 from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
@@ -140,11 +140,14 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * cfg.epochs
         if cfg.max_steps > 0:
             self.total_steps = min(self.total_steps, cfg.max_steps)
-        self.scalers = {p.name: LossScaler(self.precision, self.device.type, cfg.static_loss_scale) for p in self.phases}
+        self.scalers = {
+            p.name: LossScaler(self.precision, self.device.type, cfg.static_loss_scale) for p in self.phases
+        }
         self.schedulers = {p.name: Scheduler(p.optimizer, cfg.schedule, self.total_steps) for p in self.phases}
         self.wrapped = self._wrap_ddp()
         self.progress = Progress()
         self._stop_at_step: int | None = None
+        self._rss_at_start = 0
         self.all_params = [p for m in self.parts.models.values() for p in m.parameters()]
 
     # ----------------------------------------------------------------------------------------------- set-up
@@ -331,6 +334,7 @@ class Trainer:
         samples_seen = 0
         status = "finished"
         reset_peak(self.device)
+        self._rss_at_start = current_rss_bytes()
         try:
             with graceful_stop() as stop:
                 while self.progress.epoch < cfg.epochs and status == "finished":
@@ -340,8 +344,12 @@ class Trainer:
                         samples_seen += samples
                     if self.progress.step_in_epoch == 0:  # an epoch just completed
                         last_eval = self._end_of_epoch(logger) or last_eval
-            logger.log("summary", self.progress.step, self.progress.epoch,
-                       self._summary(epoch_seconds, samples_seen, last_eval))
+            logger.log(
+                "summary",
+                self.progress.step,
+                self.progress.epoch,
+                self._summary(epoch_seconds, samples_seen, last_eval),
+            )
         finally:  # on an exception nothing is saved: the last good checkpoint stays as it was
             logger.close()
         return FitResult(status, self.progress.step, self.progress.epoch, losses, last_eval)
@@ -386,8 +394,9 @@ class Trainer:
                         self.save()  # mid-epoch; at an epoch end the end-of-epoch save covers it
                     status = "interrupted" if stop_now else "max_steps"
                     if stop_now:
-                        log.warning("stopped by %s at step %d; resume with --resume auto", stop.signal_name,
-                                    self.progress.step)
+                        log.warning(
+                            "stopped by %s at step %d; resume with --resume auto", stop.signal_name, self.progress.step
+                        )
                     break
                 if cfg.checkpoint_every and self.progress.step % cfg.checkpoint_every == 0:
                     self.save()
@@ -430,9 +439,14 @@ class Trainer:
     def _summary(self, epoch_seconds: list[float], samples: int, last_eval: dict[str, float]) -> dict[str, Any]:
         timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
         summary: dict[str, Any] = {"precision": self.precision.name, **peak_memory(self.device)}
+        if self.device.type == "cpu":  # the RSS high-water mark includes the interpreter and libraries
+            summary["cpu_rss_at_start_bytes"] = self._rss_at_start
+            summary["cpu_peak_rss_growth_bytes"] = max(summary["peak_memory_bytes"] - self._rss_at_start, 0)
         if timed:
             summary["seconds_per_epoch"] = sum(timed) / len(timed)
-            summary["images_per_second"] = (self.steps_per_epoch * self.config.batch_size) / summary["seconds_per_epoch"]
+            summary["images_per_second"] = (self.steps_per_epoch * self.config.batch_size) / summary[
+                "seconds_per_epoch"
+            ]
             summary["epochs_timed"] = len(timed)
         summary.update({f"final_{k}": v for k, v in last_eval.items()})
         if self.progress.best_score is not None and self.recipe.best_metric:

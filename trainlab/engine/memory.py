@@ -27,6 +27,13 @@ def peak_memory(device: torch.device) -> dict[str, Any]:
     return {"peak_memory_bytes": int(rss * scale), "memory_kind": "cpu_peak_rss"}
 
 
+def current_rss_bytes() -> int:
+    """Resident set size now (CPU); with `peak_memory` it gives the growth during training."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -1,4 +1,4 @@
-"""Metric sinks (JSONL = source of truth, TensorBoard, W&B) and the console progress bar. Rank 0 writes; others no-op."""
+"""Metric sinks (JSONL = source of truth, TensorBoard, W&B) and the console progress bar; only rank 0 writes."""
 
 from __future__ import annotations
 

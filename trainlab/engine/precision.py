@@ -89,7 +89,7 @@ class Precision:
         return torch.autocast(device_type=device_type, dtype=self.autocast_dtype)
 
     def prepare_model(self, model: nn.Module, keep_batchnorm_fp32: bool = True) -> nn.Module:
-        """Cast a model's weights for pure 16-bit modes (BatchNorm kept in fp32 by default, as apex O2 / airbench do)."""
+        """Cast weights for pure 16-bit modes (BatchNorm kept fp32 by default, as apex O2 and airbench do)."""
         if not self.is_pure_low_precision:
             return model
         model.to(self.param_dtype)

@@ -123,5 +123,5 @@ class Recipe(ABC):
         """Recipe state beyond models/optimizers that must survive a resume (e.g. counters)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook, default: nothing to load
+        """Restore what `state_dict` returned."""

@@ -23,7 +23,11 @@ def git_sha() -> str:
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=5
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -58,7 +62,9 @@ def prepare_run_dir(run_dir: Path) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise UsageError(f"run directory {run_dir} is not writable ({err.strerror}); pass a writable --run-dir") from None
+        raise UsageError(
+            f"run directory {run_dir} is not writable ({err.strerror}); pass a writable --run-dir"
+        ) from None
     if not os.access(run_dir, os.W_OK):
         raise UsageError(f"run directory {run_dir} is not writable; pass a writable --run-dir")
 

@@ -36,7 +36,7 @@ class ScheduleConfig:
 def lr_factor(config: ScheduleConfig, step: int, total_steps: int) -> float:
     """Multiplier of the peak learning rate at optimizer step `step` (0-based) of `total_steps`."""
     total = max(total_steps, 1)
-    warmup = int(round(config.warmup_fraction * total))
+    warmup = round(config.warmup_fraction * total)
     if step < warmup:
         return config.warmup_start_ratio + (1 - config.warmup_start_ratio) * step / warmup
     if config.kind == "constant":
