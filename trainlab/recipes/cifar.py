@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from trainlab.config import option
 from trainlab.data.cifar import CifarAugmentDataset, load_cifar10
 from trainlab.data.fake_cifar import write_fake_cifar10
+from trainlab.engine.metrics import progress
 from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.models.registry import create_model, list_models
@@ -101,12 +102,15 @@ class CifarRecipe(Recipe):
         model = models["model"]
         dtype = next(model.parameters()).dtype
         correct, total, loss_sum = 0, 0, 0.0
+        bar = progress(len(self._test_loader), f"eval epoch {epoch}", enabled=self.cfg.progress)
         for img_B3HW, label_B in self._test_loader:
+            bar.update(1)
             img_B3HW, label_B = img_B3HW.to(device, dtype=dtype), label_B.to(device)
             logits_BK = model(img_B3HW).float()
             loss_sum += float(F.cross_entropy(logits_BK, label_B, reduction="sum"))
             correct += int((logits_BK.argmax(-1) == label_B).sum())
             total += len(label_B)
+        bar.close()
         return {"test_accuracy": correct / total, "test_loss": loss_sum / total}
 
     def debug_config(self) -> TrainConfig:

@@ -1,0 +1,137 @@
+"""Engine overhead: ResNet-18 (CIFAR stem) training steps through trainlab's engine vs a bare PyTorch loop.
+
+Same model init, same in-memory data, same DataLoader order, same optimizer; the two are interleaved repeat by
+repeat so machine noise hits both alike. Each repeat times one epoch of `--steps` optimizer steps (wall clock with
+device synchronisation, data loading included, evaluation and checkpointing excluded for both). Reports the median
+per-step time of each and the ratio engine / bare.
+
+    python benchmarks/bench_engine_overhead.py --steps 10 --repeats 5 --batch-size 32 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainlab.engine.data import StepBatchSampler
+from trainlab.engine.loop import Trainer
+from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.models.registry import create_model
+
+
+def make_data(num: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(num, 3, 32, 32, generator=g), torch.randint(10, (num,), generator=g))
+
+
+class BenchRecipe(Recipe):
+    name = "bench-resnet18"
+    config_class = TrainConfig
+
+    def __init__(self, config: TrainConfig, data: TensorDataset, model_name: str) -> None:
+        super().__init__(config)
+        self.data = data
+        self.model_name = model_name
+
+    def build(self, device: torch.device) -> TrainParts:
+        model = create_model(self.model_name).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+        return TrainParts(models={"model": model}, phases=[Phase("main", opt, ["model"])], train_dataset=self.data)
+
+    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
+        x, y = batch
+        logits = models["model"](x)
+        return {"loss": F.cross_entropy(logits.float(), y)}
+
+    def debug_config(self) -> TrainConfig:
+        return self.config
+
+
+def time_engine(data: TensorDataset, args: argparse.Namespace, run_dir: Path) -> float:
+    cfg = TrainConfig(
+        run_dir=run_dir,
+        epochs=1,
+        batch_size=args.batch_size,
+        log_every=10,
+        tensorboard=True,
+        progress=False,
+        device=args.device,
+        precision=args.precision,
+    )
+    trainer = Trainer(BenchRecipe(cfg, data, args.model))
+    logger_dir = run_dir
+    from trainlab.engine.metrics import MetricsLogger
+    from trainlab.engine.signals import graceful_stop
+
+    logger = MetricsLogger(logger_dir, tensorboard=True)
+    losses: list[float] = []
+    with graceful_stop() as stop:
+        t0 = time.perf_counter()
+        trainer._run_epoch(logger, stop, losses)  # the training loop of one epoch, as `fit` runs it
+        elapsed = time.perf_counter() - t0
+    logger.close()
+    return elapsed / trainer.steps_per_epoch
+
+
+def time_bare(data: TensorDataset, args: argparse.Namespace) -> float:
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    model = create_model(args.model).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    sampler = StepBatchSampler(len(data), batch_size=args.batch_size, accumulation=1, rank=0, world=1, seed=0)
+    loader = DataLoader(data, batch_sampler=sampler)
+    model.train()
+    t0 = time.perf_counter()
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = F.cross_entropy(model(x).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / sampler.steps_per_epoch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    data = make_data(args.steps * args.batch_size)
+    engine, bare = [], []
+    with TemporaryDirectory() as tmp:
+        time_bare(data, args)  # warm-up (allocator, kernels)
+        for r in range(args.repeats):
+            engine.append(time_engine(data, args, Path(tmp) / f"r{r}"))
+            bare.append(time_bare(data, args))
+            print(f"repeat {r}: engine {engine[-1] * 1e3:.1f} ms/step, bare {bare[-1] * 1e3:.1f} ms/step")
+    e, b = statistics.median(engine), statistics.median(bare)
+    print(f"\n| model | batch | device | threads | engine ms/step | bare ms/step | engine / bare |")
+    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| {args.model} | {args.batch_size} | {args.device} | {args.threads} | {e * 1e3:.1f} | {b * 1e3:.1f} | "
+        f"{e / b:.3f} |"
+    )
+    print(f"(median of {args.repeats} interleaved repeats of {args.steps} steps each)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""`trainlab bench precision` end to end on a debug model and a tiny CIFAR-format set: table, CSV, plots."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from trainlab.cli import main
+
+
+def test_bench_two_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench"
+    argv = ["bench", "precision", "--model", "vgg_debug", "--epochs", "2", "--fake-data", "64", "--batch-size", "32",
+            "--modes", "fp32", "bf16-amp", "--out-dir", str(out), "--num-workers", "0", "--log-every", "1",
+            "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["precision"] for r in rows] == ["fp32", "bf16-amp"]
+    for row in rows:
+        assert 0 <= float(row["final_test_accuracy_pct_mean"]) <= 100
+        assert float(row["peak_memory_mib_mean"]) > 0  # measured RSS, never typed in
+        assert float(row["seconds_per_epoch_mean"]) > 0
+    for name in ["loss_vs_step", "accuracy_vs_epoch", "memory", "time_per_epoch", "accuracy_vs_time"]:
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000
+    assert "| fp32 |" in capsys.readouterr().out
+
+
+def test_bench_refuses_invalid_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "precision", "--modes", "fp32-scale"]) == 2
+    assert "not a valid combination" in capsys.readouterr().err

@@ -1,0 +1,243 @@
+"""Report plots and results tables from synthetic run directories."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainlab.commands.report import main as report_main
+from trainlab.errors import UsageError
+from trainlab.report.plots import (
+    group_runs,
+    load_run,
+    plot_comparison,
+    plot_run,
+    read_metrics,
+    summarize_run,
+    write_results_table,
+)
+
+MIB = 2**20
+COMPARISON_PNGS = [
+    "loss_vs_step.png",
+    "accuracy_vs_epoch.png",
+    "memory.png",
+    "time_per_epoch.png",
+    "accuracy_vs_time.png",
+]
+
+
+def write_run(
+    run_dir: Path,
+    *,
+    precision: str,
+    seed: int,
+    final_acc: float,
+    memory_mib: float,
+    seconds: float,
+    epochs: int = 6,
+    steps_per_epoch: int = 10,
+    loss_scale: float = 1.0,
+    extra_lines: str = "",
+) -> Path:
+    """A run directory like the engine writes: config.yaml + metrics.jsonl (train rows, eval per epoch, summary)."""
+    run_dir.mkdir(parents=True)
+    config = {"run_dir": str(run_dir), "seed": seed, "precision": precision, "model": "resnet_debug", "epochs": epochs}
+    (run_dir / "config.yaml").write_text("# recipe: cifar\n" + yaml.safe_dump(config))
+    rows: list[dict[str, Any]] = []
+    step = 0
+    for epoch in range(epochs):
+        for _ in range(steps_per_epoch):
+            step += 1
+            loss = loss_scale * 2.3 * math.exp(-step / 15)
+            rows.append(
+                {
+                    "kind": "train",
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": loss,
+                    "lr": 0.1,
+                    "grad_norm": 1.0,
+                    "skipped": 0,
+                    "images_per_second": 1000.0,
+                }
+            )
+        accuracy = final_acc * (epoch + 1) / epochs
+        rows.append({"kind": "eval", "step": step, "epoch": epoch + 1, "test_accuracy": accuracy, "test_loss": 1.0})
+    rows.append(
+        {
+            "kind": "summary",
+            "step": step,
+            "epoch": epochs,
+            "precision": precision,
+            "final_test_accuracy": final_acc,
+            "best_test_accuracy": final_acc + 0.01,
+            "peak_memory_bytes": int(memory_mib * MIB),
+            "memory_kind": "cuda_max_allocated",
+            "cuda_max_reserved_bytes": int(memory_mib * 1.5 * MIB),
+            "seconds_per_epoch": seconds,
+            "images_per_second": 5000.0 / seconds,
+        }
+    )
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (run_dir / "metrics.jsonl").write_text(text + extra_lines)
+    return run_dir
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> dict[str, list[Path]]:
+    fp32 = [
+        write_run(tmp_path / "fp32-s0", precision="fp32", seed=0, final_acc=0.90, memory_mib=1000, seconds=10.0),
+        write_run(tmp_path / "fp32-s1", precision="fp32", seed=1, final_acc=0.92, memory_mib=1002, seconds=12.0),
+    ]
+    bf16 = [
+        write_run(
+            tmp_path / "bf16-s0",
+            precision="bf16-amp",
+            seed=0,
+            final_acc=0.91,
+            memory_mib=600,
+            seconds=6.0,
+            loss_scale=1.1,
+        )
+    ]
+    # a run that crashed mid-write and was resumed: a truncated line would be last; here a duplicate step follows
+    fp16 = [
+        write_run(
+            tmp_path / "fp16-s0",
+            precision="fp16",
+            seed=0,
+            final_acc=0.85,
+            memory_mib=500,
+            seconds=5.0,
+            extra_lines='{"kind": "train", "step": 60, "epoch": 5, "loss": "nan"}\n{"kind": "tra',
+        )
+    ]
+    return {"fp32": fp32, "bf16-amp": bf16, "fp16": fp16}
+
+
+def _assert_png(path: Path) -> None:
+    assert path.is_file(), path
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, f"{path} is not a real plot ({len(data)} bytes)"
+
+
+def test_read_metrics_handles_nan_duplicates_and_truncation(runs: dict[str, list[Path]]) -> None:
+    rows = read_metrics(runs["fp16"][0])
+    assert rows[0]["kind"] == "train" and rows[0]["step"] == 1
+    assert math.isnan(rows[-1]["loss"]) and rows[-1]["step"] == 60  # "nan" string read back as float
+    assert sum(r["kind"] == "train" and r["step"] == 60 for r in rows) == 2
+    run = load_run(runs["fp16"][0])
+    assert run.loss_steps.tolist() == list(range(1, 61))  # one value per step
+    assert math.isnan(run.loss[-1]) and math.isfinite(run.loss[-2])  # step 60: the later (resumed) row wins
+    assert run.accuracy.tolist() == pytest.approx([0.85 * e / 6 for e in range(1, 7)])
+
+
+def test_plot_run_writes_pngs(runs: dict[str, list[Path]], tmp_path: Path) -> None:
+    paths = plot_run(runs["fp32"][0], tmp_path / "out")
+    assert [p.name for p in paths] == ["loss.png", "accuracy.png"]
+    for path in paths:
+        _assert_png(path)
+
+
+def test_plot_comparison_writes_all_pngs(runs: dict[str, list[Path]], tmp_path: Path) -> None:
+    paths = plot_comparison(runs, tmp_path / "cmp")
+    assert sorted(p.name for p in paths) == sorted(COMPARISON_PNGS)
+    for path in paths:
+        _assert_png(path)
+    single = plot_comparison({"fp32": runs["fp32"][0], "bf16-amp": runs["bf16-amp"][0]}, tmp_path / "cmp1")
+    assert len(single) == 5
+
+
+def test_results_table_values(runs: dict[str, list[Path]], tmp_path: Path) -> None:
+    rows = [summarize_run(d, label) for label, dirs in runs.items() for d in dirs]
+    assert rows[0]["final_train_loss"] == pytest.approx(sum(2.3 * math.exp(-s / 15) for s in range(51, 61)) / 10)
+    write_results_table(rows, tmp_path / "results.md", tmp_path / "results.csv")
+    md = (tmp_path / "results.md").read_text().splitlines()
+    assert md[0].startswith("| precision | seed(s) | final test acc. (%) | best test acc. (%, extra) |")
+    body = [line for line in md[2:] if line.startswith("|")]
+    assert len(body) == 3
+    assert body[0].startswith("| fp32 | 0, 1 | 91.00 ± 1.41 | 92.00 ± 1.41 |")  # sample std of (90, 92)
+    assert "| 1001 ± 1 | n/a | cuda_max_allocated | 11.00 ± 1.41 |" in body[0]
+    assert body[1].startswith("| bf16-amp | 0 | 91.00 | 92.00 |")  # one seed: no ± part
+    assert "±" not in body[1]
+    with open(tmp_path / "results.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [r["precision"] for r in table] == ["fp32", "bf16-amp", "fp16"]
+    assert float(table[0]["final_test_accuracy_pct_mean"]) == pytest.approx(91.0)
+    assert float(table[0]["final_test_accuracy_pct_std"]) == pytest.approx(math.sqrt(2))
+    assert table[1]["final_test_accuracy_pct_std"] == ""
+    assert float(table[2]["peak_memory_mib_mean"]) == pytest.approx(500, abs=0.01)
+    assert table[0]["seeds"] == "0;1" and table[0]["num_seeds"] == "2"
+
+
+def test_missing_numbers_show_as_na(tmp_path: Path) -> None:
+    rows = [
+        {"label": "fp16", "precision": "fp16", "seed": 0, "final_test_accuracy": 0.5},
+        {"label": "fp16", "precision": "fp16", "seed": 1, "final_test_accuracy": None},
+    ]
+    write_results_table(rows, tmp_path / "r.md", tmp_path / "r.csv")
+    line = (tmp_path / "r.md").read_text().splitlines()[2]
+    assert line.startswith("| fp16 | 0, 1 | 50.00 (1 of 2 runs) | n/a |")
+
+
+def test_percent_accuracies_are_normalised(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "pct", precision="fp32", seed=0, final_acc=91.0, memory_mib=1, seconds=1)
+    row = summarize_run(run_dir)
+    assert row["final_test_accuracy"] == pytest.approx(0.91)
+
+
+def test_group_runs_merges_seeds_only(runs: dict[str, list[Path]]) -> None:
+    dirs = [d for group in runs.values() for d in group]
+    assert group_runs(dirs) == {"fp32": runs["fp32"], "bf16-amp": runs["bf16-amp"], "fp16": runs["fp16"]}
+
+
+def test_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        read_metrics(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match=r"no metrics\.jsonl"):
+        read_metrics(tmp_path / "empty")
+    (tmp_path / "empty" / "metrics.jsonl").write_text("\n")
+    with pytest.raises(UsageError, match="no rows"):
+        read_metrics(tmp_path / "empty")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\nnot json\n{"kind": "eval"}\n')
+    with pytest.raises(UsageError, match="line 2 is not valid JSON"):
+        read_metrics(tmp_path / "bad")
+    (tmp_path / "bad" / "metrics.jsonl").write_text("[1, 2]\n")
+    with pytest.raises(UsageError, match="line 1 is not a metrics row"):
+        read_metrics(tmp_path / "bad")
+    with pytest.raises(UsageError, match="no runs"):
+        write_results_table([], tmp_path / "t.md", tmp_path / "t.csv")
+    (tmp_path / "noloss").mkdir()
+    (tmp_path / "noloss" / "metrics.jsonl").write_text('{"kind": "summary", "step": 0, "epoch": 0}\n')
+    with pytest.raises(UsageError, match="no training loss"):
+        plot_run(tmp_path / "noloss", tmp_path / "out")
+
+
+def test_report_command(runs: dict[str, list[Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one = runs["fp32"][0]
+    assert report_main([str(one)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(one / "plots" / n) for n in ("loss.png", "accuracy.png", "results.md", "results.csv")]
+
+    dirs = [str(d) for group in runs.values() for d in group]
+    assert report_main([*dirs, "--out", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out.split()
+    assert sorted(Path(p).name for p in printed) == sorted([*COMPARISON_PNGS, "results.md", "results.csv"])
+    for p in printed:
+        assert Path(p).stat().st_size > 0
+    assert "| fp32 | 0, 1 |" in (tmp_path / "report" / "results.md").read_text()
+
+    with pytest.raises(UsageError, match="does not exist"):
+        report_main([str(tmp_path / "nope")])
+    (tmp_path / "not-a-run").mkdir()
+    with pytest.raises(UsageError, match=r"no metrics\.jsonl"):
+        report_main([dirs[0], str(tmp_path / "not-a-run")])

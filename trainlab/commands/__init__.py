@@ -1,0 +1,1 @@
+"""Subcommands of the `trainlab` CLI; each exposes `main(argv) -> int`."""

@@ -1,0 +1,1 @@
+"""Plots and result tables from run directories (`metrics.jsonl` + `config.yaml`); see `plots`."""
