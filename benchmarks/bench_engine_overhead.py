@@ -124,7 +124,7 @@ def main() -> None:
             bare.append(time_bare(data, args))
             print(f"repeat {r}: engine {engine[-1] * 1e3:.1f} ms/step, bare {bare[-1] * 1e3:.1f} ms/step")
     e, b = statistics.median(engine), statistics.median(bare)
-    print(f"\n| model | batch | device | threads | engine ms/step | bare ms/step | engine / bare |")
+    print("\n| model | batch | device | threads | engine ms/step | bare ms/step | engine / bare |")
     print("|---|---|---|---|---|---|---|")
     print(
         f"| {args.model} | {args.batch_size} | {args.device} | {args.threads} | {e * 1e3:.1f} | {b * 1e3:.1f} | "
