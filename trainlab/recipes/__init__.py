@@ -10,6 +10,8 @@ from trainlab.errors import UsageError
 _RECIPES = {
     "toy": "trainlab.recipes.toy:ToyRecipe",
     "cifar": "trainlab.recipes.cifar:CifarRecipe",
+    "var": "trainlab.recipes.var:VARRecipe",
+    "tokenizer": "trainlab.recipes.tokenizer:TokenizerRecipe",
 }
 
 

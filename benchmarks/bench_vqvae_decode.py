@@ -1,0 +1,141 @@
+"""CPU decode speed of the official-size VQVAE (ch=160, random init): B=4 f_hat (4, 32, 16, 16) -> (4, 3, 256, 256).
+
+Compares the plain path (the official arithmetic: bmm attention, NCHW, nearest upsample + conv, `torch.no_grad`)
+with the switches of `VQVAE.optimize_for_inference` added one at a time, all on the same weights and f_hat.
+Variants are run interleaved (one call of each per round, after one warm-up call each) so that load from other
+processes hits them alike; the table gives the median and min wall-clock and the median process CPU time
+(user+sys) of the `repeats` rounds, and each variant's max abs difference to the plain output.
+Reference: the official code took 7.86 s for this decode on the 2-core development machine (2 threads).
+
+Run: .venv/bin/python benchmarks/bench_vqvae_decode.py [--repeats 3] [--threads 2] [--ends-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from trainlab.models.vqvae import VQVAE, VQVAEConfig
+from trainlab.models.vqvae_blocks import AttnBlock, Upsample
+
+OFFICIAL_SECONDS = 7.86  # ../shared/reference/var.md, section 6
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    sdpa: bool
+    inference_mode: bool
+    channels_last: bool
+    subpixel: bool
+
+
+VARIANTS = [
+    Variant(
+        "plain (official arithmetic, no_grad)", sdpa=False, inference_mode=False, channels_last=False, subpixel=False
+    ),
+    Variant("+ SDPA attention + inference_mode (in-place)", True, True, False, False),
+    Variant("+ channels_last", True, True, True, False),
+    Variant("+ sub-pixel upsample = optimize_for_inference()", True, True, True, True),
+]
+
+
+def configure(model: VQVAE, v: Variant) -> None:
+    """Switch the model to variant `v` in place (outside the timed region)."""
+    for module in model.modules():
+        if isinstance(module, AttnBlock):
+            module.use_sdpa = v.sdpa
+        elif isinstance(module, Upsample):
+            module.subpixel = v.subpixel
+    model.channels_last = v.channels_last
+    model.to(memory_format=torch.channels_last if v.channels_last else torch.contiguous_format)
+
+
+@contextlib.contextmanager
+def grad_context(v: Variant) -> Iterator[None]:
+    with torch.inference_mode() if v.inference_mode else torch.no_grad():
+        yield
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(fn: Callable[[], torch.Tensor]) -> tuple[float, float, torch.Tensor]:
+    t_wall, t_cpu = time.perf_counter(), cpu_seconds()
+    out = fn()
+    return time.perf_counter() - t_wall, cpu_seconds() - t_cpu, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported), >= 3")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--ends-only", action="store_true", help="only the plain and the fully optimised variants")
+    args = parser.parse_args()
+    variants = [VARIANTS[0], VARIANTS[-1]] if args.ends_only else VARIANTS
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    model = VQVAE(VQVAEConfig.official()).freeze()
+    quantizer = model.quantize
+    idx_list = [torch.randint(0, quantizer.vocab_size, (args.batch, pn * pn)) for pn in quantizer.patch_nums]
+    with torch.no_grad():
+        f_hat_BChw = quantizer.idx_to_fhat(idx_list)  # a "sampled" f_hat: random tokens through the quantizer
+
+    def run(v: Variant) -> Callable[[], torch.Tensor]:
+        def call() -> torch.Tensor:
+            with grad_context(v):
+                return model.fhat_to_img(f_hat_BChw)
+
+        return call
+
+    outputs: dict[str, torch.Tensor] = {}
+    for v in variants:  # warm-up (oneDNN primitive creation, allocator) and the outputs for the diff
+        configure(model, v)
+        outputs[v.name] = timed(run(v))[2]
+    walls: dict[str, list[float]] = {v.name: [] for v in variants}
+    cpus: dict[str, list[float]] = {v.name: [] for v in variants}
+    load_before = os.getloadavg()[0]
+    for _ in range(args.repeats):
+        for v in variants:
+            configure(model, v)
+            wall, cpu, _ = timed(run(v))
+            walls[v.name].append(wall)
+            cpus[v.name].append(cpu)
+    load_after = os.getloadavg()[0]
+
+    plain = variants[0].name
+    base = statistics.median(walls[plain])
+    base_cpu = statistics.median(cpus[plain])
+    print(
+        f"\nVQVAE ch=160 decode, B={args.batch}, fp32, CPU, {args.threads} threads, torch {torch.__version__}; "
+        f"{args.repeats} interleaved rounds; 1-min load average {load_before:.1f} -> {load_after:.1f} "
+        f"on {os.cpu_count()} CPUs\n"
+    )
+    print(
+        "| variant | wall median (s) | wall min (s) | CPU median (s) | speed-up (wall / CPU) | max abs diff vs plain |"
+    )
+    print("|---|---|---|---|---|---|")
+    for v in variants:
+        wall_med, cpu_med = statistics.median(walls[v.name]), statistics.median(cpus[v.name])
+        diff = (outputs[v.name] - outputs[plain]).abs().max().item()
+        print(
+            f"| {v.name} | {wall_med:.2f} | {min(walls[v.name]):.2f} | {cpu_med:.2f} | "
+            f"{base / wall_med:.2f}x / {base_cpu / cpu_med:.2f}x | {diff:.1e} |"
+        )
+    print(f"| official code (reference, var.md section 6) | {OFFICIAL_SECONDS:.2f} | | | | |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+"""The VAR training recipe: --debug resume check, the loss against a hand computation, label smoothing, no-decay
+groups, lr scaling, the token cache, image folders with broken files, class-count errors, fp16 accumulation, the
+shipped configs, progressive training and the export. Tiny models on CPU (debug VAR + a random debug tokenizer)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from trainlab.cli import main
+from trainlab.config import load_yaml, parse
+from trainlab.data.image_folder import ImageFolderDataset, scan_image_folder
+from trainlab.data.token_cache import (
+    TokenCacheDataset,
+    TokenCacheSpec,
+    build_token_cache,
+    check_token_cache,
+    encode_batch,
+    ensure_token_cache,
+    tokenizer_sha256,
+)
+from trainlab.engine.debug import run_debug_check
+from trainlab.engine.loop import Trainer
+from trainlab.errors import UsageError
+from trainlab.models.var import VAR, VARConfig
+from trainlab.recipes.var import (
+    EXPORT_PTH,
+    EXPORT_SAFETENSORS,
+    ProgressiveSchedule,
+    VARRecipe,
+    VARTrainConfig,
+    export_run,
+    fake_images,
+    load_tokenizer,
+    no_weight_decay,
+    param_groups,
+)
+
+# Shape legend: B batch, L tokens of all scales (30 for patch_nums 1,2,3,4), V vocabulary (64).
+
+REPO = Path(__file__).resolve().parents[1]
+PATCH_NUMS = (1, 2, 3, 4)
+CPU = torch.device("cpu")
+
+
+def _cfg(run_dir: Path, **kw: object) -> VARTrainConfig:
+    tiny = VARRecipe(VARTrainConfig(run_dir=run_dir)).debug_config()
+    assert isinstance(tiny, VARTrainConfig)
+    return dataclasses.replace(tiny, run_dir=run_dir, tensorboard=False, progress=False, **kw)  # type: ignore[arg-type]
+
+
+def _rows(run_dir: Path, kind: str) -> list[dict[str, object]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def _images(batch: int = 4, seed: int = 0) -> torch.Tensor:
+    return torch.rand(batch, 3, 16, 16, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+# ------------------------------------------------------------------------------------------- debug + export
+
+
+def test_debug_check_passes_and_exports_official_format(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    report = run_debug_check(VARRecipe, VARRecipe(cfg), tmp_path / "debug")
+    assert report.passed, report.line()
+    run = tmp_path / "debug" / "resumed"
+    from trainlab.models.var_loading import build_var, read_state_dict
+
+    final = torch.load(run / "ckpt" / "last.pt", weights_only=True)["models"]["var"]
+    for name in (EXPORT_PTH, EXPORT_SAFETENSORS):
+        exported = build_var(read_state_dict(run / name, "VAR"))  # the official-format loader infers the shape
+        assert exported.cfg.depth == 2 and exported.cfg.patch_nums == PATCH_NUMS
+        for key, value in exported.state_dict().items():
+            assert torch.equal(value, final[key]), key
+    (run / EXPORT_PTH).unlink()
+    pth, _ = export_run(run)
+    assert pth.is_file()
+    rows = _rows(run, "train")
+    assert {
+        "cross_entropy_mean",
+        "cross_entropy_last_scale",
+        "token_accuracy_mean",
+        "token_accuracy_last_scale",
+    } <= set(rows[0])
+    assert "cross_entropy_scale_3" in rows[0] and "val_cross_entropy_scale_0" in _rows(run, "eval")[-1]
+
+
+# ------------------------------------------------------------------------------------------------- the loss
+
+
+def _built(tmp_path: Path, **kw: object) -> tuple[VARRecipe, VAR]:
+    recipe = VARRecipe(_cfg(tmp_path, **kw))
+    torch.manual_seed(0)
+    var = recipe.build(CPU).models["var"]
+    assert isinstance(var, VAR)
+    return recipe, var.eval()  # eval: no class dropout, so the forward is deterministic
+
+
+def test_loss_equals_hand_computed_mean_token_cross_entropy(tmp_path: Path) -> None:
+    recipe, var = _built(tmp_path)
+    img_B3HW, label_B = _images(), torch.tensor([0, 3, 3, 9])
+    out = recipe.train_step({"var": var}, {"image": img_B3HW, "label": label_B}, "main", step=0)
+
+    assert recipe.tokenizer is not None
+    idx_list = recipe.tokenizer.img_to_idx(img_B3HW)
+    target_BL = torch.cat(idx_list, dim=1)
+    logits_BLV = var(label_B, recipe.tokenizer.quantize.idx_to_var_input(idx_list))
+    B, L, V = logits_BLV.shape
+    assert (B, L, V) == (4, 30, 64)
+    nll_BL = logits_BLV.logsumexp(-1) - logits_BLV.gather(-1, target_BL.unsqueeze(-1)).squeeze(-1)
+    expected = sum(float(nll_BL[b].detach().sum()) / L for b in range(B)) / B  # weight 1/L per token, mean over images
+    assert float(out["loss"].detach()) == pytest.approx(expected, rel=1e-5)
+    assert float(out["cross_entropy_last_scale"]) == pytest.approx(float(nll_BL[:, -16:].detach().mean()), rel=1e-5)
+    correct_BL = (logits_BLV.argmax(-1) == target_BL).float()
+    assert float(out["token_accuracy_mean"]) == pytest.approx(float(correct_BL.mean()))
+    assert float(out["token_accuracy_scale_1"]) == pytest.approx(float(correct_BL[:, 1:5].mean()))
+    out["loss"].backward()  # the loss carries gradients to VAR only
+    assert var.head.weight.grad is not None
+    assert all(p.grad is None for p in recipe.tokenizer.parameters())
+
+
+def test_label_smoothing_changes_the_loss_but_not_the_logged_cross_entropy(tmp_path: Path) -> None:
+    plain, var = _built(tmp_path / "a")
+    with torch.no_grad():
+        var.head.weight.mul_(200.0)  # peaked predictions (at init they are near-uniform, where smoothing is moot)
+    smooth = VARRecipe(_cfg(tmp_path / "b", label_smoothing=0.1))
+    smooth.tokenizer = plain.tokenizer  # same frozen tokenizer and the same VAR weights
+    batch = {"image": _images(), "label": torch.tensor([1, 2, 3, 4])}
+    a = plain.train_step({"var": var}, batch, "main", step=0)
+    b = smooth.train_step({"var": var}, batch, "main", step=0)
+    assert float(b["cross_entropy_mean"]) == float(a["cross_entropy_mean"]) == pytest.approx(float(a["loss"].detach()))
+    assert abs(float(b["loss"].detach()) - float(a["loss"].detach())) > 0.05
+
+    assert plain.tokenizer is not None
+    idx_list = plain.tokenizer.img_to_idx(batch["image"])
+    logits_BLV = var(batch["label"], plain.tokenizer.quantize.idx_to_var_input(idx_list))
+    logp_BLV = logits_BLV.log_softmax(-1)
+    nll_BL = -logp_BLV.gather(-1, torch.cat(idx_list, 1).unsqueeze(-1)).squeeze(-1)
+    smoothed = (0.9 * nll_BL + 0.1 * -logp_BLV.mean(-1)).mean()  # torch's definition of label smoothing
+    assert float(b["loss"].detach()) == pytest.approx(float(smoothed.detach()), rel=1e-5)
+
+
+# --------------------------------------------------------------------------------------- optimizer settings
+
+
+def _expected_no_decay(depth: int, shared: bool) -> set[str]:
+    names = {"pos_start", "pos_1LC", "lvl_embed.weight", "word_embed.bias", "head_nm.ada_lin.1.bias", "head.bias"}
+    per_block = ["attn.scale_mul_1H11", "attn.q_bias", "attn.v_bias", "attn.proj.bias", "ffn.fc1.bias", "ffn.fc2.bias"]
+    per_block += ["ada_gss"] if shared else ["ada_lin.1.bias"]
+    if shared:
+        names.add("shared_ada_lin.1.bias")
+    return names | {f"blocks.{i}.{n}" for i in range(depth) for n in per_block}
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_no_decay_groups_hold_exactly_the_official_names(shared: bool) -> None:
+    var = VAR(dataclasses.replace(VARConfig.debug(), shared_adaln=shared))
+    named = dict(var.named_parameters())
+    no_decay = {n for n, p in named.items() if no_weight_decay(n, p)}
+    assert no_decay == _expected_no_decay(2, shared)
+    assert {"class_emb.weight", "word_embed.weight", "head.weight", "blocks.1.attn.mat_qkv.weight"}.isdisjoint(no_decay)
+    decay_group, no_decay_group = param_groups(var, 0.05, 1e-3)
+    assert decay_group["weight_decay"] == 0.05 and no_decay_group["weight_decay"] == 0.0
+    ids = {id(p) for p in no_decay_group["params"]}
+    assert ids == {id(named[n]) for n in no_decay}
+    assert len(decay_group["params"]) + len(no_decay_group["params"]) == len(named)
+
+
+def test_learning_rate_is_base_times_batch_over_256(tmp_path: Path) -> None:
+    assert VARTrainConfig(batch_size=768, base_learning_rate=1e-4).peak_learning_rate == pytest.approx(3e-4)
+    assert VARTrainConfig(batch_size=1024, base_learning_rate=8e-5).peak_learning_rate == pytest.approx(3.2e-4)
+    recipe = VARRecipe(_cfg(tmp_path, batch_size=16, base_learning_rate=2e-3))
+    optimizer = recipe.build(CPU).phases[0].optimizer
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([2e-3 * 16 / 256] * 2)
+    assert optimizer.defaults["betas"] == (0.9, 0.95)
+
+
+# ----------------------------------------------------------------------------------------------- token cache
+
+
+def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
+    tokenizer = load_tokenizer("", "debug", PATCH_NUMS, seed=0)
+    data = fake_images(24, 16, 4, seed=0)
+    desc = {"kind": "fake", "size": 24}
+    spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 64, desc)
+    cache = build_token_cache(tmp_path / "c", spec, [data], tokenizer, device=CPU, batch_size=5)
+    expected_NL = encode_batch(tokenizer, data.images_N3HW)
+    assert torch.equal(torch.stack([cache.tokens(i) for i in range(24)]), expected_NL)
+    assert np.load(tmp_path / "c" / "tokens.npy", mmap_mode="r").dtype == np.int16
+    assert cache.labels.tolist() == data.labels_N.tolist()
+    assert check_token_cache(tmp_path / "c", spec) == ("ok", [])
+
+    other = load_tokenizer("", "debug", PATCH_NUMS, seed=1)  # different weights
+    stale = TokenCacheSpec(tokenizer_sha256(other), PATCH_NUMS, 64, desc)
+    assert check_token_cache(tmp_path / "c", stale) == ("stale", ["tokenizer_sha256"])
+    grown = dataclasses.replace(spec, dataset={"kind": "fake", "size": 25})
+    assert check_token_cache(tmp_path / "c", grown) == ("stale", ["dataset.size"])
+    with pytest.raises(UsageError, match="different tokenizer_sha256"):
+        ensure_token_cache(tmp_path / "c", stale, lambda: [data], other, on_stale="refuse", device=CPU)
+    rebuilt = ensure_token_cache(tmp_path / "c", stale, lambda: [data], other, on_stale="rebuild", device=CPU)
+    assert torch.equal(rebuilt.tokens(5), encode_batch(other, data.images_N3HW[5:6])[0])
+    assert check_token_cache(tmp_path / "c", stale) == ("ok", [])
+    dataset = TokenCacheDataset(rebuilt)
+    assert dataset[3]["tokens"].shape == (30,) and dataset[3]["tokens"].dtype == torch.int64
+
+
+def test_tokenizer_loads_from_a_tokenizer_run_checkpoint_and_checks_its_preset(tmp_path: Path) -> None:
+    from trainlab.models.vqvae import VQVAE
+    from trainlab.recipes.var import DIGITS_TOKENIZER
+
+    torch.manual_seed(0)
+    weights = VQVAE(dataclasses.replace(DIGITS_TOKENIZER, patch_nums=PATCH_NUMS)).state_dict()
+    other = {"conv.weight": torch.zeros(1)}  # e.g. the discriminator of a `trainlab train tokenizer` run
+    path = tmp_path / "last.pt"
+    torch.save({"format": "trainlab-checkpoint", "models": {"vqvae": weights, "discriminator": other}}, path)
+    for preset in ("digits", "auto"):
+        tokenizer = load_tokenizer(str(path), preset, PATCH_NUMS)
+        assert not any(p.requires_grad for p in tokenizer.parameters()) and not tokenizer.training
+        assert torch.equal(tokenizer.quantize.embedding.weight, weights["quantize.embedding.weight"])
+    with pytest.raises(UsageError, match="do not fit --tokenizer-config official"):
+        load_tokenizer(str(path), "official", PATCH_NUMS)
+    with pytest.raises(UsageError, match=r"huggingface\.co"):
+        load_tokenizer(str(tmp_path / "missing.pth"), "official", PATCH_NUMS)
+
+
+def test_training_from_the_cache_matches_training_from_images(tmp_path: Path) -> None:
+    from_images = Trainer(VARRecipe(_cfg(tmp_path / "a", max_steps=3))).fit().losses
+    cached_cfg = _cfg(tmp_path / "b", max_steps=3, use_token_cache=True)
+    from_cache = Trainer(VARRecipe(cached_cfg)).fit().losses
+    assert (tmp_path / "b" / "token_cache" / "train" / "meta.json").is_file()
+    assert from_cache == from_images  # fake images have no augmentation: the same tokens, the same steps
+
+
+# ---------------------------------------------------------------------------------------------- image folder
+
+
+def _write_image(path: Path, seed: int, size: tuple[int, int] = (24, 20)) -> None:
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+
+
+def _write_folder(root: Path, classes: tuple[str, ...] = ("cat", "dog"), broken: bool = True) -> None:
+    for split in ("train", "val"):
+        for c, name in enumerate(classes):
+            for i in range(3):
+                _write_image(root / split / name / f"{i}.{'jpg' if c % 2 == 0 else 'png'}", seed=100 * c + i)
+    if broken:
+        whole = root / "train" / classes[0] / "trunc.jpg"
+        _write_image(whole, seed=7)
+        data = whole.read_bytes()
+        whole.write_bytes(data[: len(data) // 2])  # a truncated JPEG: index 3
+        (root / "train" / classes[1] / "notes.txt").write_text("not an image")  # ignored by extension
+        (root / "train" / classes[1] / "zz_fake.jpg").write_text("not a JPEG either")  # index 7 -> wraps to 0
+
+
+def test_image_folder_skips_broken_files_deterministically(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _write_folder(tmp_path)
+    index = scan_image_folder(tmp_path / "train")
+    assert index.classes == ("cat", "dog") and len(index.files) == 8 and index.ignored_files == 1
+    data = ImageFolderDataset(tmp_path / "train", image_size=16, train=True, seed=3)
+    with caplog.at_level(logging.WARNING):
+        samples = [data[i] for i in range(len(data))]
+    assert data.skipped_images == 2 and "skipping unreadable image" in caplog.text
+    assert all(s["image"].shape == (3, 16, 16) for s in samples)
+    assert all(float(s["image"].min()) >= -1.0 and float(s["image"].max()) <= 1.0 for s in samples)
+    assert int(samples[3]["label"]) == 1 and int(samples[7]["label"]) == 0  # the next readable file (wrapping)
+    center = ImageFolderDataset(tmp_path / "train", image_size=16, train=False)
+    assert torch.equal(center[7]["image"], center[0]["image"]) and torch.equal(center[3]["image"], center[4]["image"])
+    assert torch.equal(data[1]["image"], samples[1]["image"])  # a pure function of (seed, epoch, index)
+    data.set_epoch(1)
+    assert data.skipped_images == 0
+    assert any(not torch.equal(data[i]["image"], samples[i]["image"]) for i in range(3))  # new crops
+    val = ImageFolderDataset(tmp_path / "val", image_size=16, train=False)
+    val.set_epoch(5)
+    assert torch.equal(val[2]["image"], ImageFolderDataset(tmp_path / "val", image_size=16, train=False)[2]["image"])
+
+
+def test_an_epoch_over_a_folder_with_broken_files_completes(tmp_path: Path) -> None:
+    _write_folder(tmp_path / "data")
+    cfg = _cfg(tmp_path / "run", dataset="image-folder", data_root=tmp_path / "data", batch_size=4, epochs=1)
+    result = Trainer(VARRecipe(cfg)).fit()
+    assert result.status == "finished" and result.epoch == 1 and len(result.losses) == 2
+    assert _rows(tmp_path / "run", "train")[-1]["unreadable_images_skipped"] == 2.0
+    evaluation = _rows(tmp_path / "run", "eval")[-1]
+    assert evaluation["train_unreadable_images_skipped"] == 2.0 and evaluation["val_images"] == 6.0
+
+
+def _cli(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        "var",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--image-size",
+        "16",
+        "--patch-nums",
+        "1",
+        "2",
+        "3",
+        "4",
+        "--vocab-size",
+        "64",
+        "--depth",
+        "2",
+        *extra,
+    ]
+
+
+def test_more_dataset_classes_than_model_classes_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_folder(tmp_path / "data", classes=("a", "b", "c"), broken=False)
+    args = _cli(tmp_path, "--data-root", str(tmp_path / "data"), "--num-classes", "2", "--tokenizer-config", "debug")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "has 3 classes but the model has --num-classes 2" in err[-1]
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [("missing", "not found"), ("flat", "no class sub-folders"), ("no-tokenizer", "huggingface.co")],
+)
+def test_bad_inputs_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str, message: str
+) -> None:
+    root = tmp_path / "data"
+    if layout == "flat":
+        _write_image(root / "train" / "lonely.jpg", seed=1)
+    extra = ["--tokenizer-config", "auto"] if layout == "no-tokenizer" else ["--tokenizer-config", "debug"]
+    assert main(_cli(tmp_path, "--data-root", str(root), *extra)) == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------------ precision
+
+
+def test_fp16_autocast_with_accumulation_runs_two_steps(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, precision="fp16-amp-scale", grad_accumulation=2, batch_size=8, max_steps=2)  # 2 x 4
+    result = Trainer(VARRecipe(cfg)).fit()
+    assert result.status == "max_steps" and len(result.losses) == 2
+    for row in _rows(tmp_path, "train"):
+        assert row["skipped"] == 1.0 or np.isfinite(float(row["grad_norm"]))  # type: ignore[arg-type]
+        assert float(row["loss_scale"]) > 0  # type: ignore[arg-type]
+
+
+def test_pure_16_bit_weights_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_cli(tmp_path, "--precision", "bf16", "--tokenizer-config", "debug")) == 2
+    assert "fp16-amp-scale" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- progressive
+
+
+def test_progressive_schedule_follows_the_official_rule() -> None:
+    prog = ProgressiveSchedule(num_scales=4, start_scale=1, warmup_steps=2, end_step=10, stage_warmup_steps=4)
+    assert [prog.scale(s) for s in range(12)] == [1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3]  # round(progress x 2)
+    assert [prog.weight(s) for s in (0, 4, 5, 6, 8, 9)] == [1.0, 1.0, 0.25, 0.5, 0.25, 0.5]
+    assert prog.stage_start(7) == 5
+
+
+def test_progressive_training_trains_a_prefix_of_the_scales(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, progressive_until=0.9, progressive_start_scale=1, epochs=1, batch_size=8)
+    Trainer(VARRecipe(cfg)).fit()
+    rows = _rows(tmp_path, "train")
+    assert rows[0]["progressive_scale"] == 1.0 and "cross_entropy_scale_2" not in rows[0]
+    assert "cross_entropy_last_scale" not in rows[0]
+
+
+# ------------------------------------------------------------------------------------------------- configs
+
+
+README_ROWS = {  # reference/var.md section 3.3: depth -> (bs, ep, tblr, alng, wpe, twde)
+    16: (768, 200, 1e-4, 1e-3, 0.1, -1.0),
+    20: (768, 250, 1e-4, 1e-3, 0.1, -1.0),
+    24: (768, 350, 8e-5, 1e-4, 0.01, -1.0),
+    30: (1024, 350, 8e-5, 1e-5, 0.01, 0.08),
+}
+
+
+@pytest.mark.parametrize("depth", sorted(README_ROWS))
+def test_shipped_configs_parse_and_match_the_readme(depth: int) -> None:
+    path = REPO / "configs" / f"var_d{depth}.yaml"
+    cfg = parse(VARTrainConfig, ["--config", str(path)], prog="t")
+    bs, ep, tblr, alng, wpe, twde = README_ROWS[depth]
+    assert (cfg.depth, cfg.batch_size, cfg.epochs, cfg.precision) == (depth, bs, ep, "fp16-amp-scale")
+    assert (cfg.base_learning_rate, cfg.init_adaln_gamma) == (tblr, alng)
+    assert (cfg.schedule.kind, cfg.schedule.final_ratio, cfg.schedule.weight_decay_end) == ("var-lin0", wpe, twde)
+    assert cfg.schedule.warmup_fraction == 0.02 and cfg.clip_grad_norm == 2.0 and cfg.weight_decay == 0.05
+    assert load_yaml(path)["depth"] == depth
+
+
+def test_every_shipped_var_config_is_covered() -> None:
+    shipped = sorted(p.name for p in (REPO / "configs").glob("var_d*.yaml"))
+    assert shipped == [f"var_d{d}.yaml" for d in sorted(README_ROWS)]

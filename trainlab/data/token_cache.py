@@ -1,0 +1,372 @@
+"""Precomputed VAR token maps: encode every image once with the frozen tokenizer, then train from the tokens.
+
+VAR never updates its tokenizer, so encoding the same image every epoch (the official code does, and on a CPU or a
+small GPU the VQVAE encoder dominates the step time) can be done once. The price is augmentation: a cache holds
+the tokens of a FIXED preprocessing, the validation one (resize the shorter side to 1.125 R with LANCZOS, center
+crop R), not the official random crop. With horizontal flips on, it also holds the tokens of the mirrored image, and
+the dataset picks the plain or mirrored variant of sample i in epoch e from (seed, e, i), so flips stay random.
+Train from images (no cache) to reproduce the official random-crop augmentation exactly.
+
+A cache is a directory:
+
+    meta.json     fingerprint, shapes, counts; written last, so its presence marks a complete cache
+    tokens.npy    (N, A, L) int16 when the vocabulary fits (V <= 32768, e.g. 4096), else int32;
+                  A variants (1: plain; 2: plain and mirrored), L = sum(pn^2) tokens, scales concatenated coarse
+                  to fine, row-major inside a scale
+    labels.npy    (N,) int64 class ids
+
+ImageNet-1k at 256 px: 1,281,167 x 680 x 2 bytes = 1.74 GB per variant.
+
+Fingerprint: a SHA-256 of the tokenizer's weights, the patch_nums, the vocabulary size, the variants and a
+description of the dataset (kind, size, class count, image side, crop, and for folders a hash of the file list).
+`ensure_token_cache` rebuilds a cache whose fingerprint differs, or refuses it (one-line `UsageError` naming the
+fields that differ), as the caller chooses. Under torchrun every rank encodes its share of the images into the same
+files (the cache path must be visible to all ranks: one node, or a shared file system).
+"""
+
+# Shape legend: N images, A variants, L tokens of all scales, B batch, pn side of one scale.
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from trainlab.data.image_folder import augment_draws
+from trainlab.engine import dist
+from trainlab.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+VARIANT_PLAIN = "plain"
+VARIANT_MIRRORED = "mirrored"
+_META = "meta.json"
+_TOKENS = "tokens.npy"
+_LABELS = "labels.npy"
+
+
+def tokenizer_sha256(model: nn.Module) -> str:
+    """SHA-256 over a model's state_dict (names, dtypes, shapes and bytes, in key order)."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\0".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class TokenCacheSpec:
+    """What a cache must have been built from.
+
+    Attributes:
+        tokenizer_sha256: `tokenizer_sha256(tokenizer)`.
+        patch_nums: the token-map sides, coarse to fine.
+        vocab_size: codebook size V (chooses int16 or int32 storage).
+        dataset: a JSON-able description of the dataset's content (e.g. `ImageFolderDataset.describe()`).
+        variants: ("plain",) or ("plain", "mirrored").
+    """
+
+    tokenizer_sha256: str
+    patch_nums: tuple[int, ...]
+    vocab_size: int
+    dataset: dict[str, Any]
+    variants: tuple[str, ...] = (VARIANT_PLAIN,)
+
+    @property
+    def seq_len(self) -> int:
+        return sum(pn * pn for pn in self.patch_nums)
+
+    @property
+    def token_dtype(self) -> np.dtype[Any]:
+        return np.dtype(np.int16) if self.vocab_size <= 2**15 else np.dtype(np.int32)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "patch_nums": [int(pn) for pn in self.patch_nums],
+            "vocab_size": int(self.vocab_size),
+            "variants": list(self.variants),
+            "dataset": json.loads(json.dumps(self.dataset)),
+        }
+
+
+def _differences(expected: dict[str, Any], found: dict[str, Any], prefix: str = "") -> list[str]:
+    diffs: list[str] = []
+    for key in sorted(set(expected) | set(found)):
+        a, b = expected.get(key), found.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}")
+    return diffs
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The cache's meta.json, or None when there is no complete cache at `path`."""
+    meta_path = Path(path) / _META
+    if not meta_path.is_file():
+        return None
+    try:
+        meta: dict[str, Any] = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return meta
+
+
+def check_token_cache(path: Path, spec: TokenCacheSpec) -> tuple[Literal["ok", "missing", "stale"], list[str]]:
+    """Whether a usable cache for `spec` is at `path`; for a stale one, the fingerprint fields that differ."""
+    meta = read_meta(path)
+    if meta is None:
+        return "missing", []
+    diffs = _differences(spec.fingerprint(), meta.get("fingerprint", {}))
+    if not diffs and not ((Path(path) / _TOKENS).is_file() and (Path(path) / _LABELS).is_file()):
+        diffs = ["files"]
+    return ("stale", diffs) if diffs else ("ok", [])
+
+
+class TokenCache:
+    """A complete cache directory, memory-mapped read-only (opened lazily in each process, never pickled)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        meta = read_meta(self.path)
+        if meta is None:
+            raise UsageError(f"no complete token cache at {self.path} (meta.json missing); rebuild it")
+        self.meta = meta
+        self.num_items = int(meta["num_items"])
+        self.num_variants = len(meta["fingerprint"]["variants"])
+        self.patch_nums = tuple(int(pn) for pn in meta["fingerprint"]["patch_nums"])
+        self._tokens: np.ndarray | None = None
+        self._labels: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_tokens"] = state["_labels"] = None
+        return state
+
+    def _open(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._tokens is None or self._labels is None:
+            self._tokens = np.load(self.path / _TOKENS, mmap_mode="r")
+            self._labels = np.load(self.path / _LABELS, mmap_mode="r")
+        return self._tokens, self._labels
+
+    def tokens(self, index: int, variant: int = 0) -> torch.Tensor:
+        """Tokens of one image, int64 (L,), all scales concatenated."""
+        tokens_NAL, _ = self._open()
+        return torch.from_numpy(np.asarray(tokens_NAL[index, variant], dtype=np.int64))
+
+    def label(self, index: int) -> int:
+        _, labels_N = self._open()
+        return int(labels_N[index])
+
+    @property
+    def labels(self) -> np.ndarray:
+        return np.asarray(self._open()[1])
+
+
+class TokenCacheDataset(Dataset[dict[str, torch.Tensor]]):
+    """`{"tokens": int64 (L,), "label": int64}` samples from a `TokenCache`.
+
+    With two variants and `random_variant`, sample i in epoch e is the mirrored variant when the flip draw of
+    (seed, e, i) is odd: the same decision `ImageFolderDataset` makes for a random flip.
+
+    Args:
+        cache: the cache.
+        seed: data seed.
+        random_variant: choose between plain and mirrored per (seed, epoch, index); False always gives plain.
+    """
+
+    def __init__(self, cache: TokenCache, *, seed: int = 0, random_variant: bool = True) -> None:
+        self.cache = cache
+        self.seed = seed
+        self.random_variant = random_variant and cache.num_variants > 1
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(epoch)
+
+    def __len__(self) -> int:
+        return self.cache.num_items
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        variant = 0
+        if self.random_variant:
+            variant = augment_draws(self.seed, int(self._epoch.item()), index)[1] & 1
+        return {
+            "tokens": self.cache.tokens(index, variant),
+            "label": torch.tensor(self.cache.label(index), dtype=torch.int64),
+        }
+
+
+@torch.no_grad()
+def encode_batch(tokenizer: nn.Module, img_B3HW: torch.Tensor) -> torch.Tensor:
+    """Images in [-1, 1] -> tokens (B, L) int64 of all scales, in float32 with autocast off."""
+    with torch.autocast(img_B3HW.device.type, enabled=False):
+        idx_list = tokenizer.img_to_idx(img_B3HW.float())  # type: ignore[operator]
+    return torch.cat(list(idx_list), dim=1)
+
+
+def build_token_cache(
+    path: Path,
+    spec: TokenCacheSpec,
+    variant_datasets: Sequence[Dataset[dict[str, torch.Tensor]]],
+    tokenizer: nn.Module,
+    *,
+    device: torch.device,
+    batch_size: int = 64,
+    num_workers: int = 0,
+) -> TokenCache:
+    """Encode every image of every variant dataset and write the cache at `path` (replacing what is there).
+
+    Every rank of a process group encodes rows rank, rank + world, ... into the same files; rank 0 writes
+    `meta.json` last and moves the finished directory into place.
+
+    Args:
+        path: the cache directory.
+        spec: its fingerprint.
+        variant_datasets: one dataset per entry of `spec.variants`, same length and order, yielding
+            `{"image": (3, R, R) in [-1, 1], "label": int64}`.
+        tokenizer: the frozen VQVAE (on `device`, eval mode).
+        device: where to encode.
+        batch_size: images per encoder call.
+        num_workers: DataLoader workers for decoding images.
+
+    Returns:
+        The finished cache.
+    """
+    assert len(variant_datasets) == len(spec.variants)
+    path = Path(path)
+    num_items = len(variant_datasets[0])  # type: ignore[arg-type]
+    building = path.with_name(path.name + ".building")
+    rank, world = dist.rank(), dist.world_size()
+    if rank == 0:
+        if building.exists():
+            shutil.rmtree(building)
+        building.mkdir(parents=True)
+        np.lib.format.open_memmap(
+            building / _TOKENS, mode="w+", dtype=spec.token_dtype, shape=(num_items, len(spec.variants), spec.seq_len)
+        ).flush()
+        np.lib.format.open_memmap(building / _LABELS, mode="w+", dtype=np.int64, shape=(num_items,)).flush()
+    dist.barrier()
+    tokens_NAL = np.load(building / _TOKENS, mmap_mode="r+")
+    labels_N = np.load(building / _LABELS, mmap_mode="r+")
+    mine = list(range(rank, num_items, world))
+    was_training = tokenizer.training
+    tokenizer.eval()
+    start = time.perf_counter()
+    skipped = 0
+    for variant, dataset in enumerate(variant_datasets):
+        loader = DataLoader(  # an own generator: building a cache must not move the global RNG (VAR's init)
+            Subset(dataset, mine),
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(0),
+        )
+        done = 0
+        next_report = 0.1
+        for batch in loader:
+            img_B3HW = batch["image"].to(device, non_blocking=True)
+            tokens_BL = encode_batch(tokenizer, img_B3HW).cpu().numpy()
+            rows = mine[done : done + len(tokens_BL)]
+            tokens_NAL[rows, variant] = tokens_BL.astype(spec.token_dtype)
+            if variant == 0:
+                labels_N[rows] = batch["label"].numpy()
+            done += len(tokens_BL)
+            if done >= next_report * len(mine):
+                log.info(
+                    "token cache %s: variant %s, %d/%d images (%.0f s)",
+                    path.name,
+                    spec.variants[variant],
+                    done,
+                    len(mine),
+                    time.perf_counter() - start,
+                )
+                while next_report * len(mine) <= done:
+                    next_report += 0.1
+        skipped += int(getattr(dataset, "skipped_images", 0))
+    tokenizer.train(was_training)
+    tokens_NAL.flush()
+    labels_N.flush()
+    del tokens_NAL, labels_N
+    if skipped:
+        log.warning("token cache %s: %d unreadable image(s) replaced by the next readable one", path, skipped)
+    dist.barrier()
+    if rank == 0:
+        meta = {
+            "fingerprint": spec.fingerprint(),
+            "num_items": num_items,
+            "seq_len": spec.seq_len,
+            "token_dtype": str(spec.token_dtype),
+            "skipped_images_rank0": skipped,
+            "build_seconds": round(time.perf_counter() - start, 1),
+        }
+        with open(building / _META, "w") as f:
+            json.dump(meta, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(building, path)
+        log.info("token cache written: %s (%d images x %d variant(s))", path, num_items, len(spec.variants))
+    dist.barrier()
+    return TokenCache(path)
+
+
+def ensure_token_cache(
+    path: Path,
+    spec: TokenCacheSpec,
+    make_datasets: Callable[[], Sequence[Dataset[dict[str, torch.Tensor]]]],
+    tokenizer: nn.Module,
+    *,
+    on_stale: Literal["rebuild", "refuse"],
+    device: torch.device,
+    batch_size: int = 64,
+    num_workers: int = 0,
+) -> TokenCache:
+    """Open the cache at `path` if its fingerprint matches `spec`; otherwise build it.
+
+    Args:
+        path: the cache directory.
+        spec: the expected fingerprint.
+        make_datasets: builds the variant datasets (only called when encoding is needed).
+        tokenizer: the frozen VQVAE.
+        on_stale: what to do with a cache built from something else: "rebuild" it, or "refuse" (UsageError).
+        device: where to encode.
+        batch_size: images per encoder call.
+        num_workers: DataLoader workers while encoding.
+
+    Raises:
+        UsageError: a stale cache and `on_stale="refuse"`.
+    """
+    status, diffs = check_token_cache(path, spec)
+    if status == "ok":
+        log.info("token cache %s matches (tokenizer, patch_nums, dataset): using it", path)
+        return TokenCache(path)
+    if status == "stale":
+        if on_stale == "refuse":
+            raise UsageError(
+                f"token cache {path} was built from a different {', '.join(diffs)}; "
+                "delete it, pass another --token-cache-path, or add --token-cache-rebuild"
+            )
+        log.warning("token cache %s is stale (%s differ): rebuilding it", path, ", ".join(diffs))
+    else:
+        log.info("token cache %s not found: encoding the dataset once with the frozen tokenizer", path)
+    return build_token_cache(
+        path, spec, make_datasets(), tokenizer, device=device, batch_size=batch_size, num_workers=num_workers
+    )

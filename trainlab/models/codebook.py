@@ -1,0 +1,193 @@
+"""Codebook maintenance for the multi-scale quantizer, applied from outside `MultiScaleQuantizer`.
+
+* `code_usage`: per-batch statistics from the per-scale code lists (fraction used, perplexity, dead codes).
+* `scale_residuals`: the vector each token was matched against (the area-pooled residual of its scale), recomputed
+  through the quantizer's public `f_to_fhat_per_scale`.
+* `EMACodebook`: the VQ-VAE-2 / Sonnet exponential-moving-average codebook update. Per code v:
+  N_v <- d N_v + (1 - d) n_v,  m_v <- d m_v + (1 - d) sum(z assigned to v),  e_v = m_v / N~_v,
+  with Laplace smoothing N~_v = (N_v + eps) / (sum N + V eps) * sum N. Codes never hit keep their vector (N_v and m_v
+  decay together). State starts at N = 1, m = e (the current codebook).
+* `DeadCodeTracker` + `restart_codes_`: codes not hit for `threshold` optimizer steps are re-initialised from random
+  recent encoder vectors.
+
+Nothing here communicates between processes: callers sum counts/sums over ranks before `EMACodebook.update_` and
+make every rank restart the same codes with the same vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainlab.models.quantizer import MultiScaleQuantizer
+
+# Shape legend: B batch, C code channels, h/w latent side, pn scale side, V vocab size, N tokens (B*pn*pn) of one
+# scale, M tokens of all scales, S scales.
+
+
+@dataclass
+class CodeUsage:
+    """Usage statistics of one batch of codes (all scales pooled). Tensors stay on the codes' device."""
+
+    counts_V: torch.Tensor  # float32 hits per code
+    used_frac: torch.Tensor  # scalar: fraction of codes hit at least once
+    perplexity: torch.Tensor  # scalar: exp(entropy of the hit histogram); V for uniform use, 1 for one code
+    dead_codes: torch.Tensor  # scalar: codes not hit in this batch
+
+
+def code_usage(idx_list: Sequence[torch.Tensor], vocab_size: int) -> CodeUsage:
+    """Statistics of per-scale codes (each (B, pn*pn) int64), pooled over scales."""
+    counts_V = torch.zeros(vocab_size, dtype=torch.float32, device=idx_list[0].device)
+    for idx in idx_list:
+        counts_V += torch.bincount(idx.flatten(), minlength=vocab_size).float()
+    return usage_from_counts(counts_V)
+
+
+def usage_from_counts(counts_V: torch.Tensor) -> CodeUsage:
+    """Statistics of a code histogram (V,)."""
+    counts_V = counts_V.float()
+    p_V = counts_V / counts_V.sum().clamp_min(1.0)
+    entropy = -(p_V * p_V.clamp_min(1e-30).log()).sum()
+    used_V = counts_V > 0
+    return CodeUsage(
+        counts_V=counts_V,
+        used_frac=used_V.float().mean(),
+        perplexity=entropy.exp(),
+        dead_codes=(~used_V).sum().float(),
+    )
+
+
+@torch.no_grad()
+def scale_residuals(quantizer: MultiScaleQuantizer, f_BChw: torch.Tensor) -> list[torch.Tensor]:
+    """Per scale, the vectors the quantizer matched against codes: (B*pn*pn, C) float32, row-major tokens.
+
+    Scale si matches area_pool(f - f_hat_{si-1}, pn) (f itself at scale 0; no pooling at the last scale), where
+    f_hat_{si-1} is the running reconstruction after the previous scales.
+    """
+    f_BChw = f_BChw.detach().float()
+    C = f_BChw.shape[1]
+    f_hats = quantizer.f_to_fhat_per_scale(f_BChw)
+    z_list: list[torch.Tensor] = []
+    for si, pn in enumerate(quantizer.patch_nums):
+        rest_BChw = f_BChw if si == 0 else f_BChw - f_hats[si - 1]
+        if si != quantizer.num_scales - 1:
+            rest_BChw = F.interpolate(rest_BChw, size=(pn, pn), mode="area")
+        z_list.append(rest_BChw.permute(0, 2, 3, 1).reshape(-1, C))
+    return z_list
+
+
+def assignment_sums(
+    z_list: Sequence[torch.Tensor], idx_list: Sequence[torch.Tensor], vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hits per code (V,) and the sum of the vectors assigned to each code (V, C), all scales pooled, float32."""
+    z_MC = torch.cat([z.float() for z in z_list])
+    idx_M = torch.cat([idx.flatten() for idx in idx_list])
+    counts_V = torch.bincount(idx_M, minlength=vocab_size).float()
+    sums_VC = z_MC.new_zeros(vocab_size, z_MC.shape[1]).index_add_(0, idx_M, z_MC)
+    return counts_V, sums_VC
+
+
+class EMACodebook:
+    """Exponential-moving-average codebook state (float32, on the codebook's device).
+
+    Args:
+        weight_VC: the current codebook; the state starts at N = 1, m = weight (the codebook is unchanged until hits).
+        decay: d, 0.99 in VQ-VAE-2.
+        epsilon: Laplace smoothing constant.
+    """
+
+    def __init__(self, weight_VC: torch.Tensor, decay: float = 0.99, epsilon: float = 1e-5) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.epsilon = epsilon
+        self.cluster_size_V = torch.ones(weight_VC.shape[0], dtype=torch.float32, device=weight_VC.device)
+        self.embed_sum_VC = weight_VC.detach().float().clone()
+
+    @torch.no_grad()
+    def update_(self, weight_VC: torch.Tensor, counts_V: torch.Tensor, sums_VC: torch.Tensor) -> None:
+        """One EMA step from this batch's hits and assigned-vector sums; writes the new codebook into `weight_VC`."""
+        d = self.decay
+        self.cluster_size_V.mul_(d).add_(counts_V.float(), alpha=1.0 - d)
+        self.embed_sum_VC.mul_(d).add_(sums_VC.float(), alpha=1.0 - d)
+        weight_VC.copy_(self.embed_sum_VC / self.smoothed_sizes().unsqueeze(1))
+
+    def smoothed_sizes(self) -> torch.Tensor:
+        """Laplace-smoothed cluster sizes N~ (V,); they sum to sum(N) and are never zero."""
+        n = self.cluster_size_V.sum()
+        V = self.cluster_size_V.numel()
+        return (self.cluster_size_V + self.epsilon) / (n + V * self.epsilon) * n
+
+    @torch.no_grad()
+    def reset_codes_(self, dead_V: torch.Tensor, weight_VC: torch.Tensor) -> None:
+        """After a restart: the restarted codes start again as fresh clusters of size 1 at their new vectors."""
+        self.cluster_size_V[dead_V] = 1.0
+        self.embed_sum_VC[dead_V] = weight_VC[dead_V].float()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cluster_size_V": self.cluster_size_V.clone(), "embed_sum_VC": self.embed_sum_VC.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cluster_size_V.copy_(state["cluster_size_V"])
+        self.embed_sum_VC.copy_(state["embed_sum_VC"])
+
+
+class DeadCodeTracker:
+    """Remembers the optimizer step at which each code was last hit.
+
+    Args:
+        vocab_size: V.
+        threshold_steps: a code is dead once it has gone unhit for this many optimizer steps (>= 1).
+        device: where the state lives.
+    """
+
+    def __init__(self, vocab_size: int, threshold_steps: int, device: torch.device) -> None:
+        if threshold_steps < 1:
+            raise ValueError(f"threshold_steps must be >= 1, got {threshold_steps}")
+        self.threshold_steps = threshold_steps
+        self.last_hit_V = torch.zeros(vocab_size, dtype=torch.long, device=device)
+
+    def observe(self, counts_V: torch.Tensor, step: int) -> None:
+        """Mark the codes hit at optimizer step `step`."""
+        self.last_hit_V[counts_V > 0] = step
+
+    def dead(self, step: int) -> torch.Tensor:
+        """Bool mask (V,) of codes not hit during the last `threshold_steps` optimizer steps."""
+        return (step - self.last_hit_V) >= self.threshold_steps
+
+    def revive(self, dead_V: torch.Tensor, step: int) -> None:
+        """Restarted codes get a fresh grace period."""
+        self.last_hit_V[dead_V] = step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_hit_V": self.last_hit_V.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_hit_V.copy_(state["last_hit_V"])
+
+
+@torch.no_grad()
+def restart_codes_(
+    weight_VC: torch.Tensor, dead_V: torch.Tensor, candidates_MC: torch.Tensor, generator: torch.Generator
+) -> int:
+    """Overwrite the dead codes with vectors drawn uniformly (with replacement) from `candidates_MC`.
+
+    Args:
+        weight_VC: the codebook, changed in place.
+        dead_V: bool mask of codes to restart.
+        candidates_MC: recent encoder vectors (e.g. this batch's `scale_residuals`, all scales).
+        generator: a CPU generator, so the draw is reproducible and resumable.
+
+    Returns:
+        The number of restarted codes.
+    """
+    num_dead = int(dead_V.sum())
+    if num_dead == 0 or candidates_MC.shape[0] == 0:
+        return 0
+    pick = torch.randint(candidates_MC.shape[0], (num_dead,), generator=generator).to(candidates_MC.device)
+    weight_VC[dead_V] = candidates_MC[pick].to(weight_VC.dtype)
+    return num_dead

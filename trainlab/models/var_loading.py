@@ -1,0 +1,225 @@
+"""Load and export the official VAR checkpoints: `vae_ch160v4096z32.pth` + `var_d16.pth` ... `var_d36.pth`.
+
+The released files are plain state_dicts (name -> tensor, buffers included, no prefix). `load_official` reads them
+with `weights_only=True`, infers both architectures from the key shapes and loads with strict key matching;
+`export_official` writes a model back in the same format (.pth / .pt via `torch.save`, or .safetensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainlab.errors import UsageError
+from trainlab.models.var import VAR, VARConfig
+from trainlab.models.vqvae import VQVAE, infer_vqvae_config
+
+# Shape legend: L tokens (all scales), C width, K number of scales.
+
+_VAR_KEYS = ("pos_1LC", "class_emb.weight", "word_embed.weight", "head.weight", "blocks.0.attn.mat_qkv.weight")
+_VQVAE_KEYS = ("encoder.conv_in.weight", "decoder.conv_out.weight", "quantize.embedding.weight")
+_SUFFIXES = (".pth", ".pt", ".safetensors")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:160]
+
+
+def read_state_dict(path: str | os.PathLike[str], what: str) -> dict[str, torch.Tensor]:
+    """Read a flat name -> tensor mapping from .pth/.pt (`weights_only=True`) or .safetensors, on CPU.
+
+    An official training checkpoint (`ar-ckpt-*.pth`: {'trainer': {'var_wo_ddp', 'vae_local', ...}}) is unwrapped to
+    the part named by `what` ("VAR" or "VQVAE").
+
+    Raises:
+        UsageError: missing, unreadable, or not a state_dict.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{what} checkpoint not found: {path} (official files: huggingface.co/FoundationVision/var)")
+    if path.suffix not in _SUFFIXES:
+        raise UsageError(f"{what} checkpoint {path} must end in .pth, .pt or .safetensors")
+    obj: Any
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            obj = load_file(str(path), device="cpu")
+        else:
+            try:
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # legacy (non-zip) files cannot be memory-mapped
+                obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # any read failure is about the user's file: report it in one line
+        raise UsageError(
+            f"cannot read {what} checkpoint {path}: not a complete PyTorch or safetensors weights file "
+            f"({type(err).__name__}); download it again"
+        ) from err
+    if isinstance(obj, Mapping) and isinstance(obj.get("trainer"), Mapping):
+        obj = obj["trainer"].get("var_wo_ddp" if what == "VAR" else "vae_local", obj)
+    if not isinstance(obj, Mapping) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise UsageError(f"{path} is not a plain state_dict (name -> tensor); pass an official {what} weights file")
+    return dict(obj)
+
+
+def _check_kind(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike[str], what: str) -> None:
+    is_var = all(k in state_dict for k in _VAR_KEYS)
+    is_vqvae = all(k in state_dict for k in _VQVAE_KEYS)
+    if what == "VAR" and not is_var:
+        hint = "it is a VQVAE checkpoint: pass it as --vae" if is_vqvae else "its keys are not those of a VAR"
+        raise UsageError(f"{path} is not a VAR checkpoint ({hint}); --var expects var_d16.pth ... var_d36.pth")
+    if what == "VQVAE" and not is_vqvae:
+        hint = "it is a VAR checkpoint: pass it as --var" if is_var else "its keys are not those of a VQVAE"
+        raise UsageError(f"{path} is not a VQVAE checkpoint ({hint}); --vae expects vae_ch160v4096z32.pth")
+
+
+def infer_var_config(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int] | None = None) -> VARConfig:
+    """Infer the VAR architecture from an official-format state_dict.
+
+    depth, width, heads, MLP ratio, shared AdaLN, cosine attention, classes, vocab and code width come from the
+    shapes; patch_nums from `lvl_1L` (scale index per position: scale si has pn^2 positions), e.g. L=680 is the
+    256 px set and L=2240 the 512 px set.
+
+    Raises:
+        UsageError: not a VAR state_dict, or shapes that match no VAR configuration.
+    """
+    _check_kind(state_dict, "the state_dict", "VAR")
+    depth = 1 + max(int(m.group(1)) for k in state_dict if (m := re.match(r"blocks\.(\d+)\.", k)))
+    C, Cv = (int(s) for s in state_dict["word_embed.weight"].shape)
+    scale_key = "blocks.0.attn.scale_mul_1H11"
+    attn_l2_norm = scale_key in state_dict
+    num_heads = int(state_dict[scale_key].shape[1]) if attn_l2_norm else max(C // 64, 1)
+    fc1 = state_dict.get("blocks.0.ffn.fc1.weight")
+    mlp_ratio = fc1.shape[0] / C if fc1 is not None else 4.0
+    lvl_1L = state_dict.get("lvl_1L")
+    if patch_nums is None:
+        if lvl_1L is None or lvl_1L.ndim != 2 or lvl_1L.is_floating_point():
+            raise UsageError("cannot infer patch_nums (the VAR checkpoint has no int lvl_1L buffer); pass patch_nums")
+        counts = Counter(int(v) for v in lvl_1L.flatten().tolist())
+        sides = [math.isqrt(counts.get(si, 0)) for si in range(len(counts))]
+        if any(s * s != counts.get(si, -1) or s == 0 for si, s in enumerate(sides)):
+            raise UsageError(f"VAR checkpoint lvl_1L does not describe square token maps ({dict(counts)})")
+        patch_nums = sides
+    try:
+        cfg = VARConfig(
+            depth=depth,
+            embed_dim=C,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+            shared_adaln="shared_ada_lin.1.weight" in state_dict,
+            attn_l2_norm=attn_l2_norm,
+            num_classes=int(state_dict["class_emb.weight"].shape[0]) - 1,
+            patch_nums=tuple(patch_nums),
+            vocab_size=int(state_dict["head.weight"].shape[0]),
+            vae_embed_dim=Cv,
+        )
+    except UsageError as err:
+        raise UsageError(f"VAR checkpoint shapes match no known configuration: {err}") from err
+    return cfg
+
+
+def build_var(
+    state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int] | None = None, *, skip_init: bool | None = None
+) -> VAR:
+    """Build a VAR whose architecture is inferred from `state_dict` and load it strictly (floating tensors cast to
+    float32). Returned in training mode, like any new module.
+
+    Args:
+        state_dict: an official-format VAR state_dict.
+        patch_nums: token-map sides; inferred from `lvl_1L` when omitted.
+        skip_init: build on the meta device and adopt the checkpoint tensors, so no random init is computed (worth
+            it for real sizes: initialising d16 on a CPU takes seconds; the meta path costs a one-off import of
+            torch._dynamo instead). None: only above 50 M checkpoint elements.
+    """
+    cfg = infer_var_config(state_dict, patch_nums)
+    if skip_init is None:
+        skip_init = sum(v.numel() for v in state_dict.values()) > 50_000_000
+    with torch.device("meta") if skip_init else contextlib.nullcontext():
+        model = VAR(cfg)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    wrong = [
+        f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})"
+        for k, v in state_dict.items()
+        if k in expected and v.shape != expected[k].shape
+    ]
+    if missing or unexpected or wrong:
+        first = f"shape of {wrong[0]}" if wrong else f"missing {missing[0]}" if missing else f"extra {unexpected[0]}"
+        count = len(wrong) + len(missing) + len(unexpected)
+        raise UsageError(f"VAR checkpoint shapes match no known configuration: {first} ({count} mismatching keys)")
+    tensors = {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
+    model.load_state_dict(tensors, strict=True, assign=True)
+    return model
+
+
+def load_official(
+    vae_path: str | os.PathLike[str], var_path: str | os.PathLike[str], *, patch_nums: Sequence[int] | None = None
+) -> tuple[VQVAE, VAR]:
+    """Load an official tokenizer + transformer pair (both on CPU, float32, eval mode; the VQVAE frozen).
+
+    Args:
+        vae_path: `vae_ch160v4096z32.pth` (or an export of ours), .pth/.pt/.safetensors.
+        var_path: `var_d16.pth` ... `var_d36.pth`, .pth/.pt/.safetensors.
+        patch_nums: token-map sides; inferred from the VAR checkpoint when omitted.
+
+    Raises:
+        UsageError: missing/unreadable files, a checkpoint of the wrong kind, shapes that match no configuration, or
+            a tokenizer that does not fit the transformer.
+    """
+    var_sd = read_state_dict(var_path, "VAR")
+    vae_sd = read_state_dict(vae_path, "VQVAE")
+    _check_kind(var_sd, var_path, "VAR")
+    _check_kind(vae_sd, vae_path, "VQVAE")
+    var = build_var(var_sd, patch_nums)
+    vae_cfg = infer_vqvae_config(vae_sd, var.patch_nums)
+    if (vae_cfg.vocab_size, vae_cfg.z_channels) != (var.vocab_size, var.cfg.vae_embed_dim):
+        raise UsageError(
+            f"VQVAE {vae_path} (V={vae_cfg.vocab_size}, Cv={vae_cfg.z_channels}) does not fit VAR {var_path} "
+            f"(V={var.vocab_size}, Cv={var.cfg.vae_embed_dim}); use the tokenizer the VAR was trained with"
+        )
+    vae = VQVAE(vae_cfg)
+    try:
+        vae.load_state_dict(vae_sd, strict=True)
+    except RuntimeError as err:
+        raise UsageError(f"VQVAE checkpoint {vae_path} matches no known configuration ({_first_line(err)})") from err
+    return vae.freeze(), var.eval()
+
+
+def export_official(model: nn.Module, path: str | os.PathLike[str]) -> Path:
+    """Write `model.state_dict()` in the official format: a plain name -> tensor dict (.pth / .pt via `torch.save`)
+    or a .safetensors file. Tensors are written as they are (dtype kept), moved to CPU; the write is atomic.
+
+    Raises:
+        UsageError: an unsupported suffix.
+    """
+    path = Path(path)
+    if path.suffix not in _SUFFIXES:
+        raise UsageError(f"export path {path} must end in .pth, .pt or .safetensors")
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import save_file
+
+            save_file(state, tmp, metadata={"format": "pt"})
+        else:
+            torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

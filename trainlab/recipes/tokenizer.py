@@ -1,0 +1,590 @@
+"""Tokenizer training: VAR's multi-scale VQVAE trained VQGAN-style (`trainlab train tokenizer`).
+
+VAR never released its tokenizer training code (the most requested item in its issue tracker); this recipe follows
+taming-transformers' VQGAN conventions on VAR's architecture and quantizer:
+
+    generator      recon = pixel (L1 | L2) + perceptual_loss_weight * LPIPS-style VGG16 distance
+                   loss  = recon + codebook_weight * vq_loss + discriminator_weight * w * g_loss
+                   (w = taming's adaptive weight ||grad recon|| / ||grad g_loss|| at the decoder's last conv, or 1;
+                   the GAN term is on from step `discriminator_start`)
+    discriminator  hinge | vanilla loss on D(real) and D(reconstruction), from step `discriminator_start`
+
+Alternation: every optimizer step runs the "generator" phase (modules ["vqvae"]; the engine freezes D's parameters,
+so the D pass on the reconstruction only sends gradient to the images), then the "discriminator" phase (modules
+["discriminator"]). The D phase recomputes the reconstruction under `no_grad` with the generator it has just updated
+(encode -> quantizer `f_to_fhat_per_scale` -> decode, which does not touch the quantizer's usage buffer) instead of
+caching the G phase's output: this is the seed notes' "re-compute y_ which leads better quality" and what taming does;
+it costs one gradient-free encoder/decoder pass and needs no cache keyed to micro-batches. D sees real and fake images
+in two separate calls (as in taming; with BatchNorm each call has its own batch statistics).
+
+Codebook: "vq" trains the codebook by gradient (codebook + beta * commitment loss, in the quantizer); "ema" freezes the
+codebook parameter and updates it by exponential moving averages of the encoder residuals assigned to each code
+(`trainlab.models.codebook`), summed over processes so every rank keeps the same codebook. `dead_code_steps` > 0
+re-initialises codes unused for that many optimizer steps from random encoder vectors of the current batch (drawn on
+rank 0, broadcast). With gradient accumulation the EMA and restarts act once per micro-batch.
+
+Shapes: B batch, H/W image side, V vocab size, S scales.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from trainlab.config import option
+from trainlab.engine import dist
+from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.engine.schedule import ScheduleConfig
+from trainlab.errors import UsageError
+from trainlab.evaluate.fid import feature_statistics, frechet_distance
+from trainlab.evaluate.psnr import psnr
+from trainlab.losses.gan import GanLossKind, adaptive_gan_weight, discriminator_loss, generator_loss
+from trainlab.losses.perceptual import PerceptualLoss, load_perceptual_loss
+from trainlab.models.codebook import (
+    DeadCodeTracker,
+    EMACodebook,
+    assignment_sums,
+    code_usage,
+    restart_codes_,
+    scale_residuals,
+    usage_from_counts,
+)
+from trainlab.models.discriminator import NormKind, PatchDiscriminator
+from trainlab.models.vqvae import PATCH_NUMS_256, VQVAE, VQVAEConfig
+
+log = logging.getLogger(__name__)
+
+DatasetKind = Literal["digits", "image-folder", "fake"]
+_ARCH_FIELDS = (
+    "vocab_size",
+    "z_channels",
+    "ch",
+    "ch_mult",
+    "num_res_blocks",
+    "patch_nums",
+    "quant_resi",
+    "share_quant_resi",
+    "image_size",
+)
+_DIGITS_SPLIT_SEED = 0  # the train/held-out split is fixed, so PSNR compares across training seeds
+
+
+@dataclasses.dataclass(kw_only=True)
+class TokenizerConfig(TrainConfig):
+    """Train VAR's multi-scale VQVAE tokenizer VQGAN-style (pixel + perceptual + PatchGAN losses; VQ or EMA codes)."""
+
+    run_dir: Path = option(Path("runs/tokenizer"), "output directory")
+    # ---- VQVAE architecture (defaults: the official vae_ch160v4096z32, 256 px)
+    vqvae_preset: Literal["custom", "debug", "official"] = option(
+        "custom", "custom: use the fields below; debug / official: VQVAEConfig.debug() / .official() (16 / 256 px)"
+    )
+    vocab_size: int = option(4096, "codebook size V")
+    z_channels: int = option(32, "latent / code channels")
+    ch: int = option(160, "base width of the encoder / decoder")
+    ch_mult: tuple[int, ...] = option((1, 1, 2, 2, 4), "width multipliers; downsample = 2 ** (len - 1)")
+    num_res_blocks: int = option(2, "ResnetBlocks per encoder level (the decoder has one more)")
+    patch_nums: tuple[int, ...] = option(PATCH_NUMS_256, "token-map sides, coarse to fine; last = latent side")
+    quant_resi: float = option(0.5, "phi mixing ratio r in phi(x) = (1-r) x + r conv(x)")
+    share_quant_resi: int = option(4, "number of phi convs (0: one per scale)")
+    image_size: int = option(256, "image side; must equal patch_nums[-1] * downsample")
+    # ---- data
+    dataset: DatasetKind = option("image-folder", "digits (bundled MNIST subset), image-folder (--data-root), fake")
+    data_root: Path = option(Path("data/imagenet"), "image-folder: a folder with train/<class>/* and val/<class>/*")
+    train_crop: Literal["center", "random"] = option(
+        "center", "image-folder training crop after VAR's 1.125x Lanczos resize (held-out: always center)"
+    )
+    fake_size: int = option(256, "fake: number of synthetic training images")
+    eval_size: int = option(
+        1000, "held-out images for PSNR / codebook usage / rFID after each evaluated epoch (0: none)"
+    )
+    eval_batch_size: int = option(64, "batch size of the held-out evaluation")
+    # ---- reconstruction and codebook
+    reconstruction_loss: Literal["l1", "l2"] = option("l1", "pixel loss (taming: l1)")
+    perceptual_loss_weight: float = option(1.0, "weight of the perceptual term (taming: 1.0)")
+    perceptual_weights: str = option("", "local torchvision vgg16 state_dict (+ optional LPIPS lin weights); '': off")
+    codebook_mode: Literal["vq", "ema"] = option("vq", "vq: codebook by gradient; ema: EMA updates (decay below)")
+    commitment_beta: float = option(0.25, "commitment weight beta of the VQ loss")
+    codebook_weight: float = option(1.0, "weight of the VQ loss in the generator loss (taming: 1.0)")
+    ema_decay: float = option(0.99, "ema codebook: decay of the cluster-size and embedding-sum averages")
+    dead_code_steps: int = option(0, "restart codes unused for this many optimizer steps from encoder vectors (0: off)")
+    # ---- adversarial
+    discriminator_start: int = option(20000, "optimizer step at which D training and the GAN term start")
+    discriminator_weight: float = option(0.8, "weight of the GAN term (taming ImageNet: 0.8); 0: no GAN at all")
+    adaptive_weight: bool = option(True, "scale the GAN term by taming's adaptive weight (else by 1)")
+    max_adaptive_weight: float = option(1e4, "clamp of the adaptive weight")
+    gan_loss: GanLossKind = option("hinge", "hinge or vanilla (non-saturating) GAN losses")
+    discriminator_layers: int = option(3, "stride-2 conv layers of the PatchGAN discriminator (3: 70x70 patches)")
+    discriminator_channels: int = option(64, "width of the discriminator's first conv")
+    discriminator_norm: NormKind = option("batch", "discriminator normalisation: batch (taming) or group")
+    # ---- optimisation
+    generator_learning_rate: float = option(2.88e-4, "Adam learning rate of the VQVAE (taming: 4.5e-6 x batch)")
+    discriminator_learning_rate: float = option(2.88e-4, "Adam learning rate of the discriminator")
+    adam_beta1: float = option(0.5, "Adam beta1 for both optimizers (taming: 0.5)")
+    adam_beta2: float = option(0.9, "Adam beta2 for both optimizers (taming: 0.9)")
+    batch_size: int = option(64, "global batch per optimizer step")
+    schedule: ScheduleConfig = option(ScheduleConfig(kind="constant"), "learning-rate schedule (taming: constant)")
+    # ---- evaluation
+    inception_weights: str = option("", "local torch-fidelity Inception weights (pt_inception-2015-12-05) for rFID")
+
+    def validate(self) -> None:
+        super().validate()
+        self._resolve_preset()
+        vq = self.vqvae_config()  # checks widths (UsageError)
+        if self.image_size != vq.image_size:
+            raise UsageError(
+                f"--image-size {self.image_size} does not match the VQVAE: patch_nums[-1] {vq.patch_nums[-1]} x "
+                f"downsample {vq.downsample} = {vq.image_size}; change --image-size or --patch-nums"
+            )
+        if PatchDiscriminator.output_side(self.image_size, self.discriminator_layers) < 1:
+            raise UsageError(
+                f"{self.image_size} px images are too small for a {self.discriminator_layers}-layer discriminator; "
+                "lower --discriminator-layers"
+            )
+        checks = [
+            (self.fake_size > 0, f"--fake-size must be positive, got {self.fake_size}"),
+            (self.eval_size >= 0, f"--eval-size must be >= 0, got {self.eval_size}"),
+            (self.eval_batch_size > 0, f"--eval-batch-size must be positive, got {self.eval_batch_size}"),
+            (0.0 <= self.ema_decay < 1.0, f"--ema-decay must be in [0, 1), got {self.ema_decay}"),
+            (self.dead_code_steps >= 0, f"--dead-code-steps must be >= 0, got {self.dead_code_steps}"),
+            (self.discriminator_start >= 0, f"--discriminator-start must be >= 0, got {self.discriminator_start}"),
+            (self.discriminator_layers >= 1, f"--discriminator-layers must be >= 1, got {self.discriminator_layers}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+
+    def _resolve_preset(self) -> None:
+        if self.vqvae_preset == "custom":
+            return
+        preset = VQVAEConfig.debug() if self.vqvae_preset == "debug" else VQVAEConfig.official()
+        wanted = {name: getattr(preset, name) for name in _ARCH_FIELDS if name != "image_size"}
+        wanted["image_size"] = preset.image_size
+        defaults = {f.name: f.default for f in dataclasses.fields(TokenizerConfig) if f.name in _ARCH_FIELDS}
+        for name, value in wanted.items():
+            current = getattr(self, name)
+            if current != value and current != defaults[name]:
+                raise UsageError(
+                    f"--vqvae-preset {self.vqvae_preset} sets {name}; drop --{name.replace('_', '-')} or use "
+                    "--vqvae-preset custom"
+                )
+            setattr(self, name, value)
+
+    def vqvae_config(self) -> VQVAEConfig:
+        """The VQVAE architecture these fields describe."""
+        return VQVAEConfig(
+            vocab_size=self.vocab_size,
+            z_channels=self.z_channels,
+            ch=self.ch,
+            ch_mult=tuple(self.ch_mult),
+            num_res_blocks=self.num_res_blocks,
+            share_quant_resi=self.share_quant_resi,
+            quant_resi=self.quant_resi,
+            beta=self.commitment_beta,
+            patch_nums=tuple(self.patch_nums),
+        )
+
+
+# ------------------------------------------------------------------------------------------------------ data
+def fake_images(num_images: int, image_size: int, seed: int) -> TensorDataset:
+    """Smooth random RGB images in [-1, 1] (low-resolution noise, bilinearly upsampled), label 0. For tests."""
+    g = torch.Generator().manual_seed(seed)
+    low = max(image_size // 4, 1)
+    noise_N3hw = torch.randn(num_images, 3, low, low, generator=g)
+    img_N3HW = torch.tanh(F.interpolate(noise_N3hw, size=(image_size, image_size), mode="bilinear"))
+    return TensorDataset(img_N3HW.contiguous(), torch.zeros(num_images, dtype=torch.long))
+
+
+def _even_subset(data: Dataset[Any], size: int) -> Dataset[Any]:
+    """`size` evenly spaced items (an image folder is sorted by class, so this covers the classes)."""
+    n = len(data)  # type: ignore[arg-type]
+    if size >= n:
+        return data
+    return Subset(data, torch.linspace(0, n - 1, size).round().long().tolist())
+
+
+# ---------------------------------------------------------------------------------------------------- recipe
+def _images(batch: Any) -> torch.Tensor:
+    """The image tensor of a batch: digits / fake give (images, labels), image folders {"image", "label"}."""
+    if isinstance(batch, dict):
+        images: torch.Tensor = batch["image"]
+        return images
+    return batch[0] if isinstance(batch, (list, tuple)) else batch
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    inner = getattr(module, "module", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+def _all_reduce_sum_(*tensors: torch.Tensor) -> None:
+    if dist.world_size() > 1:
+        for t in tensors:
+            torch.distributed.all_reduce(t)
+
+
+def _broadcast_from_rank0_(t: torch.Tensor) -> None:
+    if dist.world_size() > 1:
+        torch.distributed.broadcast(t, src=0)
+
+
+def _to_uint8(img_B3HW: torch.Tensor) -> torch.Tensor:
+    return ((img_B3HW.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
+class TokenizerRecipe(Recipe):
+    """Two phases, "generator" (the VQVAE) then "discriminator"; see the module docstring."""
+
+    name = "tokenizer"
+    config_class = TokenizerConfig
+    best_metric = "psnr"
+    best_mode = "max"
+    resume_must_match = (
+        *_ARCH_FIELDS,
+        "dataset",
+        "codebook_mode",
+        "gan_loss",
+        "discriminator_layers",
+        "discriminator_channels",
+        "discriminator_norm",
+    )
+
+    def __init__(self, config: TrainConfig) -> None:
+        super().__init__(config)
+        assert isinstance(config, TokenizerConfig)
+        self.cfg = config
+        self.vqvae: VQVAE | None = None
+        self.perceptual: PerceptualLoss | None = None
+        self.ema: EMACodebook | None = None
+        self.dead_codes: DeadCodeTracker | None = None
+        self.restart_generator = torch.Generator().manual_seed(config.seed + 7919)
+        self._heldout: Dataset[Any] | None = None
+        self._inception: nn.Module | None = None
+        self._real_fid_stats: tuple[Any, Any] | None = None
+        self._captured_f: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------------------------------ build
+    def build(self, device: torch.device) -> TrainParts:
+        c = self.cfg
+        self.perceptual = self._build_perceptual(device)
+        self._inception = self._build_inception(device)
+        train_set, self._heldout = self._datasets()
+
+        vqvae = VQVAE(c.vqvae_config()).to(device)
+        quantize = vqvae.quantize
+        if c.codebook_mode == "ema":
+            quantize.embedding.weight.requires_grad_(False)
+            self.ema = EMACodebook(quantize.embedding.weight, decay=c.ema_decay)
+        if c.dead_code_steps > 0:
+            self.dead_codes = DeadCodeTracker(c.vocab_size, c.dead_code_steps, device)
+        if self.ema is not None or self.dead_codes is not None:
+            quantize.register_forward_pre_hook(self._capture_features)
+        self.vqvae = vqvae
+        discriminator = PatchDiscriminator(
+            3, c.discriminator_channels, c.discriminator_layers, norm=c.discriminator_norm
+        ).to(device)
+        betas = (c.adam_beta1, c.adam_beta2)
+        g_params = [p for p in vqvae.parameters() if p.requires_grad]
+        opt_g = torch.optim.Adam(g_params, lr=c.generator_learning_rate, betas=betas)
+        opt_d = torch.optim.Adam(discriminator.parameters(), lr=c.discriminator_learning_rate, betas=betas)
+        log.info(
+            "tokenizer: VQVAE %.2f M parameters, discriminator %.2f M; codebook %s (V=%d); GAN %s from step %d",
+            sum(p.numel() for p in vqvae.parameters()) / 1e6,
+            sum(p.numel() for p in discriminator.parameters()) / 1e6,
+            c.codebook_mode,
+            c.vocab_size,
+            c.gan_loss if c.discriminator_weight > 0 else "off",
+            c.discriminator_start,
+        )
+        return TrainParts(
+            models={"vqvae": vqvae, "discriminator": discriminator},
+            phases=[Phase("generator", opt_g, ["vqvae"]), Phase("discriminator", opt_d, ["discriminator"])],
+            train_dataset=train_set,
+        )
+
+    def _capture_features(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        self._captured_f = args[0].detach()
+
+    def _build_perceptual(self, device: torch.device) -> PerceptualLoss | None:
+        c = self.cfg
+        if not c.perceptual_weights:
+            log.info("perceptual loss off: no --perceptual-weights given")
+            return None
+        loss = load_perceptual_loss(Path(c.perceptual_weights))  # a missing file is a UsageError even at weight 0
+        if c.perceptual_loss_weight <= 0:
+            log.info("perceptual loss off: --perceptual-loss-weight is %g", c.perceptual_loss_weight)
+            return None
+        return loss.to(device)
+
+    def _build_inception(self, device: torch.device) -> nn.Module | None:
+        c = self.cfg
+        if not c.inception_weights:
+            log.info("rFID off: no --inception-weights given (PSNR and codebook usage are still evaluated)")
+            return None
+        path = Path(c.inception_weights)
+        if not path.is_file():
+            raise UsageError(f"--inception-weights {path} not found: pass a local pt_inception-2015-12-05 file")
+        try:
+            from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+        except ImportError:
+            log.warning("rFID off: torch-fidelity is not installed (pip install torch-fidelity to enable it)")
+            return None
+        try:  # torch-fidelity reloads the file with weights_only=False: check first that it is plain tensors
+            torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # any unpickling problem is the user's file
+            first = (str(err).splitlines() or ["unreadable"])[0][:160]
+            raise UsageError(f"--inception-weights {path} is not a plain state_dict ({first})") from None
+        try:
+            extractor = FeatureExtractorInceptionV3(
+                "inception-v3-compat", ["2048"], feature_extractor_weights_path=str(path)
+            )
+        except RuntimeError as err:
+            first = str(err).splitlines()[0][:160]
+            raise UsageError(
+                f"--inception-weights {path} does not fit torch-fidelity's InceptionV3 ({first})"
+            ) from None
+        log.info("rFID on: torch-fidelity InceptionV3 (2048-d pool features) from %s", path)
+        return extractor.to(device)
+
+    def _datasets(self) -> tuple[Dataset[Any], Dataset[Any]]:
+        c = self.cfg
+        held_size = max(c.eval_size, 1)
+        if c.dataset == "digits":
+            from trainlab.data.digits import load_digits_dataset
+
+            digits_train = load_digits_dataset(resolution=c.image_size, split="train", seed=_DIGITS_SPLIT_SEED)
+            digits_heldout = load_digits_dataset(resolution=c.image_size, split="heldout", seed=_DIGITS_SPLIT_SEED)
+            return digits_train, Subset(digits_heldout, range(min(held_size, len(digits_heldout))))
+        if c.dataset == "fake":
+            return fake_images(c.fake_size, c.image_size, seed=1), fake_images(held_size, c.image_size, seed=2)
+        from trainlab.data.image_folder import ImageFolderDataset
+
+        root = c.data_root
+        if not root.is_dir():
+            raise UsageError(
+                f"--data-root {root} not found: pass a folder holding train/<class>/* and val/<class>/* "
+                "(ImageNet layout), or use --dataset digits"
+            )
+        if not (root / "val").is_dir():
+            raise UsageError(f"{root}/val not found: the held-out PSNR needs val/<class>/* next to train/")
+        train = ImageFolderDataset(root / "train", image_size=c.image_size, train=c.train_crop == "random", seed=c.seed)
+        heldout = ImageFolderDataset(root / "val", image_size=c.image_size, train=False)
+        return train, _even_subset(heldout, held_size)
+
+    # ---------------------------------------------------------------------------------------------- training
+    def phase_active(self, phase: str, step: int) -> bool:
+        return phase != "discriminator" or self._gan_on(step)
+
+    def _gan_on(self, step: int) -> bool:
+        return self.cfg.discriminator_weight > 0 and step >= self.cfg.discriminator_start
+
+    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
+        img_B3HW = _images(batch)
+        if phase == "generator":
+            return self._generator_step(models, img_B3HW, step)
+        if phase == "discriminator":
+            return self._discriminator_step(models, img_B3HW)
+        raise ValueError(f"unknown phase {phase!r}")
+
+    def _generator_step(self, models: Mapping[str, nn.Module], img_B3HW: torch.Tensor, step: int) -> dict[str, Any]:
+        c = self.cfg
+        assert self.vqvae is not None
+        recon_B3HW, vq_loss, idx_list = models["vqvae"](img_B3HW)
+        img_f, recon_f = img_B3HW.float(), recon_B3HW.float()
+        pixel_loss = F.l1_loss(recon_f, img_f) if c.reconstruction_loss == "l1" else F.mse_loss(recon_f, img_f)
+        recon_loss = pixel_loss
+        out: dict[str, Any] = {}
+        if self.perceptual is not None:
+            perceptual_loss = self.perceptual(img_f, recon_f).mean()
+            recon_loss = recon_loss + c.perceptual_loss_weight * perceptual_loss
+            out["perceptual_loss"] = perceptual_loss.detach()
+        loss = recon_loss + c.codebook_weight * vq_loss
+        g_loss = torch.zeros((), device=img_B3HW.device)
+        weight = torch.zeros((), device=img_B3HW.device)
+        if self._gan_on(step):
+            logits_fake = models["discriminator"](recon_B3HW)  # D's parameters are frozen by the engine
+            g_loss = generator_loss(logits_fake, c.gan_loss)
+            if c.adaptive_weight:
+                last_layer = self.vqvae.decoder.conv_out.weight
+                weight = adaptive_gan_weight(recon_loss, g_loss, last_layer, c.max_adaptive_weight)
+            else:
+                weight = torch.ones((), device=img_B3HW.device)
+            loss = loss + c.discriminator_weight * weight * g_loss
+        usage = code_usage(idx_list, c.vocab_size)
+        restarted = self._maintain_codebook(idx_list, usage.counts_V, step)
+        out.update(
+            loss=loss,
+            pixel_loss=pixel_loss.detach(),
+            recon_loss=recon_loss.detach(),
+            vq_loss=vq_loss.detach(),
+            g_loss=g_loss.detach(),
+            adaptive_weight=weight,
+            codebook_used_pct=usage.used_frac * 100,
+            codebook_perplexity=usage.perplexity,
+            dead_codes=usage.dead_codes,
+        )
+        if self.dead_codes is not None:
+            out["codes_restarted"] = float(restarted)
+        return out
+
+    def _maintain_codebook(self, idx_list: Sequence[torch.Tensor], counts_V: torch.Tensor, step: int) -> int:
+        """EMA update and dead-code restart after a training forward (identical on every rank)."""
+        if self.ema is None and self.dead_codes is None:
+            return 0
+        assert self.vqvae is not None and self._captured_f is not None
+        quantize = self.vqvae.quantize
+        weight_VC = quantize.embedding.weight
+        z_list = scale_residuals(quantize, self._captured_f)
+        self._captured_f = None
+        if self.ema is not None:
+            counts_V, sums_VC = assignment_sums(z_list, idx_list, self.cfg.vocab_size)
+            _all_reduce_sum_(counts_V, sums_VC)
+            self.ema.update_(weight_VC, counts_V, sums_VC)
+        elif dist.world_size() > 1:
+            counts_V = counts_V.clone()
+            _all_reduce_sum_(counts_V)
+        if self.dead_codes is None:
+            return 0
+        self.dead_codes.observe(counts_V, step)
+        dead_V = self.dead_codes.dead(step)
+        if not bool(dead_V.any()):
+            return 0
+        restarted = restart_codes_(weight_VC, dead_V, torch.cat(z_list), self.restart_generator)
+        with torch.no_grad():
+            _broadcast_from_rank0_(weight_VC.data)
+        if self.ema is not None:
+            self.ema.reset_codes_(dead_V, weight_VC)
+        self.dead_codes.revive(dead_V, step)
+        return restarted
+
+    def _discriminator_step(self, models: Mapping[str, nn.Module], img_B3HW: torch.Tensor) -> dict[str, Any]:
+        vqvae = _unwrap(models["vqvae"])
+        assert isinstance(vqvae, VQVAE)
+        with torch.no_grad():  # fresh fakes from the just-updated generator, no graph through it
+            f_BChw = vqvae.encode(img_B3HW)
+            f_hat_BChw = vqvae.quantize.f_to_fhat_per_scale(f_BChw)[-1]
+            recon_B3HW = vqvae.decode(f_hat_BChw.to(vqvae.post_quant_conv.weight.dtype))
+        discriminator = models["discriminator"]
+        logits_real = discriminator(img_B3HW)
+        logits_fake = discriminator(recon_B3HW.to(img_B3HW.dtype))
+        d_loss = discriminator_loss(logits_real, logits_fake, self.cfg.gan_loss)
+        return {
+            "loss": d_loss,
+            "logits_real": logits_real.detach().float().mean(),
+            "logits_fake": logits_fake.detach().float().mean(),
+        }
+
+    # -------------------------------------------------------------------------------------------- evaluation
+    def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
+        c = self.cfg
+        if c.eval_size == 0 or self._heldout is None:
+            return {}
+        vqvae = _unwrap(models["vqvae"])
+        assert isinstance(vqvae, VQVAE)
+        dtype = vqvae.post_quant_conv.weight.dtype
+        loader = DataLoader(self._heldout, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
+        psnr_sum, count = 0.0, 0
+        counts_SV = torch.zeros(len(c.patch_nums), c.vocab_size, device=device)
+        real_feats: list[torch.Tensor] = []
+        fake_feats: list[torch.Tensor] = []
+        for batch in loader:
+            img_B3HW = _images(batch).to(device, dtype)
+            recon_B3HW, _, idx_list = vqvae(img_B3HW)
+            recon_B3HW = recon_B3HW.float().clamp(-1.0, 1.0)
+            psnr_sum += psnr(recon_B3HW, img_B3HW.float(), data_range=2.0) * img_B3HW.shape[0]
+            count += img_B3HW.shape[0]
+            for si, idx in enumerate(idx_list):
+                counts_SV[si] += torch.bincount(idx.flatten(), minlength=c.vocab_size).float()
+            if self._inception is not None:
+                if self._real_fid_stats is None:
+                    real_feats.append(self._inception_features(img_B3HW))
+                fake_feats.append(self._inception_features(recon_B3HW))
+        metrics: dict[str, float] = {"psnr": psnr_sum / max(count, 1)}
+        usage = usage_from_counts(counts_SV.sum(dim=0))
+        metrics["codebook_used_pct"] = float(usage.used_frac) * 100
+        metrics["codebook_perplexity"] = float(usage.perplexity)
+        for si in range(len(c.patch_nums)):
+            metrics[f"codebook_used_pct/s{si}"] = float((counts_SV[si] > 0).float().mean()) * 100
+        if self._inception is not None:
+            metrics["rfid"] = self._rfid(real_feats, fake_feats)
+        return metrics
+
+    def _inception_features(self, img_B3HW: torch.Tensor) -> torch.Tensor:
+        assert self._inception is not None
+        with torch.autocast(device_type=img_B3HW.device.type, enabled=False):
+            (feats_BD,) = self._inception(_to_uint8(img_B3HW))
+        return feats_BD.double().cpu()
+
+    def _rfid(self, real_feats: list[torch.Tensor], fake_feats: list[torch.Tensor]) -> float:
+        if self._real_fid_stats is None:
+            self._real_fid_stats = feature_statistics(torch.cat(real_feats))
+        mu_fake, sigma_fake = feature_statistics(torch.cat(fake_feats))
+        try:
+            mu_real, sigma_real = self._real_fid_stats
+            return frechet_distance(mu_real, sigma_real, mu_fake, sigma_fake)
+        except ValueError as err:
+            log.warning("rFID not computed: %s", err)
+            return float("nan")
+
+    # ----------------------------------------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        assert self.vqvae is not None
+        return {
+            "quantizer_hit_updates": self.vqvae.quantize.num_hit_updates,
+            "restart_generator": self.restart_generator.get_state(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "dead_codes": self.dead_codes.state_dict() if self.dead_codes is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert self.vqvae is not None
+        self.vqvae.quantize.num_hit_updates = int(state["quantizer_hit_updates"])
+        self.restart_generator.set_state(state["restart_generator"])
+        if self.ema is not None:
+            if state.get("ema") is None:
+                raise UsageError("this checkpoint was trained without --codebook-mode ema; resume with the same mode")
+            self.ema.load_state_dict(state["ema"])
+        if self.dead_codes is not None and state.get("dead_codes") is not None:
+            self.dead_codes.load_state_dict(state["dead_codes"])
+
+    def debug_config(self) -> TrainConfig:
+        """Debug VQVAE (16 px, V=64, 4 scales) on 24 fake images, batch 4: 6 steps (the check resumes at step 3);
+        D from step 2; dead-code restarts after 2 unused steps; no perceptual / rFID networks."""
+        debug = VQVAEConfig.debug()
+        return dataclasses.replace(
+            self.cfg,
+            vqvae_preset="custom",
+            vocab_size=debug.vocab_size,
+            z_channels=debug.z_channels,
+            ch=debug.ch,
+            ch_mult=debug.ch_mult,
+            num_res_blocks=debug.num_res_blocks,
+            patch_nums=debug.patch_nums,
+            quant_resi=debug.quant_resi,
+            share_quant_resi=debug.share_quant_resi,
+            image_size=debug.image_size,
+            dataset="fake",
+            fake_size=24,
+            eval_size=8,
+            eval_batch_size=8,
+            batch_size=4,
+            grad_accumulation=1,
+            epochs=1,
+            max_steps=-1,
+            discriminator_start=2,
+            discriminator_weight=0.8,
+            discriminator_layers=2,
+            discriminator_channels=16,
+            dead_code_steps=2,
+            perceptual_weights="",
+            inception_weights="",
+            log_every=1,
+            debug=False,
+        )

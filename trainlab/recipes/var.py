@@ -1,0 +1,882 @@
+"""VAR: class-conditional next-scale prediction, trained by teacher forcing on the token maps of a FROZEN tokenizer.
+
+`trainlab train var --config configs/var_d16.yaml --data-root /path/imagenet --tokenizer vae_ch160v4096z32.pth`
+
+What one step does (official `trainer.py: train_step`):
+    tokens  = tokenizer.img_to_idx(image)               (or read from the token cache); float32, autocast off
+    x       = tokenizer.quantize.idx_to_var_input(tokens)  accumulated f_hat of scales < k on scale k's grid
+    logits  = var(label, x)                             class dropout 10 % (training mode), (B, L, V) float32
+    loss    = sum_l CE(logits_l, token_l) / L, mean over the batch   (= mean token cross-entropy)
+
+Settings and where they come from (reference/var.md section 3):
+    peak lr         = base_learning_rate x batch_size / 256, computed once in `VARTrainConfig.peak_learning_rate`
+                      (official tblr; batch_size is the global batch per optimizer step, accumulation included)
+    optimizer       AdamW, betas (0.9, 0.95), weight decay 0.05, fused on CUDA; no decay for 1-D parameters,
+                      biases and names containing one of `NO_WEIGHT_DECAY_KEYWORDS` (official `filter_params`)
+    clipping        total grad norm 2.0 after unscaling (engine)
+    schedule        `var-lin0`: warm-up from 0.005 x peak over warmup_fraction of the steps (official wp = ep/50
+                      epochs -> 1/50 = 0.02 whatever the epoch count), flat for 5 %, then linear to final_ratio
+                      x peak (official wpe); weight decay cosine from 0.05 to weight_decay_end (official twde)
+    label smoothing 0.0 (official default; no README run sets it)
+
+Metrics (every logged step; fractions, not the official percentages):
+    loss                                  the training objective (label-smoothed when label_smoothing > 0)
+    cross_entropy_mean / _last_scale      official Lm / Lt: unsmoothed token CE, all tokens / last scale
+    token_accuracy_mean / _last_scale     official Accm / Acct
+    cross_entropy_scale_{k}, token_accuracy_scale_{k}   per scale k, on logged steps (official: tensorboard)
+Evaluation reports the same with a `val_` prefix, class dropout OFF. Deviation: the official `eval_ep` keeps the
+10 % class dropout in evaluation (its VAR applies dropout in eval mode too), so its val loss is slightly higher.
+
+Tokenizer: loaded from `--tokenizer` (official `vae_ch160v4096z32.pth`, a trainlab-exported VQVAE state_dict as
+.pth/.safetensors, a trainlab checkpoint holding a VQVAE, or an official `ar-ckpt-*.pth`), frozen (eval,
+requires_grad False). It is NOT one of the engine's models: it is in no phase, not DDP-wrapped, not in
+`ckpt/last.pt` (which stays VAR-only and small); instead the checkpoint records the SHA-256 of its weights and a
+resume with different tokenizer weights is refused. trainlab never downloads weights: get them from
+https://huggingface.co/FoundationVision/var (`vae_ch160v4096z32.pth`, `var_d16.pth`, ...) and pass the paths.
+
+Progressive training (official `--pg`, off by default, used for the 512 px d30 run): with progressive_until = X
+in (0, 1) the model is trained on the first s+1 scales only, s growing from progressive_start_scale (official pg0)
+at the end of warm-up linearly (rounded) to the last scale at X x total steps. Within a stage, the newest scale's
+loss weight ramps linearly from 0.01 to 1 over progressive_warmup_epochs (official pgwp, default epochs/300) of
+steps, except in the first stage (weight 1). Loss weights stay 1/L of the full sequence (not renormalised), as
+in the official code. The schedule is a pure function of the optimizer step, so resumes are exact. Deviation: the
+official counts iterations in micro-batches; here steps are optimizer steps (the same with no accumulation).
+
+Precision: fp16-amp-scale uses the engine's `torch.amp.GradScaler` with torch defaults (initial scale 2^16,
+growth every 2000 steps, no cap); the official AmpOptimizer starts at 2^11, grows every 1000 steps and caps the
+scale at 32768. The first few steps therefore may be skipped as overflows (logged) while the scale settles.
+
+Export: after the last epoch, the run dir gets `var_export.pth` (official state_dict format, loads into the
+official code and `trainlab sample`) and `var_export.safetensors`; `export_run(run_dir)` does it from a checkpoint.
+"""
+
+# Shape legend: B batch, L tokens of all scales, l tokens of one scale, V vocabulary, Cv code width, K scales,
+# 3/H/W image channels and side.
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from trainlab.config import from_dict, option
+from trainlab.data.image_folder import FlipMode, ImageFolderDataset, augment_draws, scan_image_folder
+from trainlab.data.token_cache import (
+    VARIANT_MIRRORED,
+    VARIANT_PLAIN,
+    TokenCacheDataset,
+    TokenCacheSpec,
+    encode_batch,
+    ensure_token_cache,
+    tokenizer_sha256,
+)
+from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.engine.schedule import ScheduleConfig
+from trainlab.errors import UsageError
+from trainlab.models.var import PATCH_NUMS_256, VAR, VARConfig
+from trainlab.models.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
+
+log = logging.getLogger(__name__)
+
+DatasetKind = Literal["image-folder", "digits", "fake"]
+TOKENIZER_CONFIGS = ("auto", "official", "digits", "debug")
+# configs/tokenizer_digits.yaml (`trainlab train tokenizer`): the 16 px digits tokenizer, 256 codes of width 8.
+DIGITS_TOKENIZER = VQVAEConfig(vocab_size=256, z_channels=8, ch=32, ch_mult=(1, 1, 2), num_res_blocks=1)
+# Official `train.py` nowd_keys; with `filter_params`' rule "1-D or name ends with bias" they select no-decay params.
+NO_WEIGHT_DECAY_KEYWORDS = (
+    "cls_token",
+    "start_token",
+    "task_token",
+    "cfg_uncond",
+    "pos_embed",
+    "pos_1LC",
+    "pos_start",
+    "start_pos",
+    "lvl_embed",
+    "gamma",
+    "beta",
+    "ada_gss",
+    "moe_bias",
+    "scale_mul",
+)
+EXPORT_PTH = "var_export.pth"
+EXPORT_SAFETENSORS = "var_export.safetensors"
+HUGGINGFACE_REPO = "https://huggingface.co/FoundationVision/var"
+
+
+@dataclasses.dataclass(kw_only=True)
+class VARTrainConfig(TrainConfig):
+    """Train a class-conditional VAR transformer on token maps of a frozen multi-scale VQVAE tokenizer.
+
+    Defaults are the official README's VAR-d16 run (depth 16, batch 768, 200 epochs, base lr 1e-4, alng 1e-3,
+    wpe 0.1); configs/var_d{16,20,24,30}.yaml hold all four README rows with their sources.
+    """
+
+    run_dir: Path = option(Path("runs/var"), "output directory")
+    # ---------------------------------------------------------------------------------------------- model
+    depth: int = option(16, "transformer blocks; width 64 x depth and depth heads unless overridden (official)")
+    embed_dim: int = option(-1, "width C (-1: 64 x depth)")
+    num_heads: int = option(-1, "attention heads (-1: depth)")
+    shared_adaln: bool = option(False, "one AdaLN projection shared by all blocks (official saln; the 512 px d36)")
+    drop_path_rate: float = option(-1.0, "stochastic depth of the last block (-1: 0.1 x depth / 24, official)")
+    num_classes: int = option(1000, "class count of the model (the class embedding has one more row: 'no class')")
+    image_size: int = option(256, "image side R; must equal patch_nums[-1] x the tokenizer's downsample factor")
+    patch_nums: tuple[int, ...] = option(
+        PATCH_NUMS_256, "token-map sides, coarse to fine (512 px: 1 2 3 4 6 9 13 18 24 32)"
+    )
+    vocab_size: int = option(4096, "tokenizer codebook size V (checked against the tokenizer)")
+    cond_drop_rate: float = option(0.1, "class-dropout probability in training (classifier-free guidance)")
+    init_adaln: float = option(0.5, "AdaLN scale/shift init factor (official aln)")
+    init_adaln_gamma: float = option(
+        1e-3, "AdaLN gamma init factor (official alng; README 1e-3 d16/d20, 1e-4 d24, 1e-5 d30)"
+    )
+    init_head: float = option(0.02, "head weight init factor (official hd)")
+    init_std: float = option(-1.0, "std of Linear/Embedding weights (-1: sqrt(1 / (3C)), official ini)")
+    init_from: str = option("", "fine-tune from official var_d*.pth weights (strict load; '' = from scratch)")
+    # ------------------------------------------------------------------------------------------ tokenizer
+    tokenizer: str = option("", "frozen tokenizer weights: vae_ch160v4096z32.pth or a trainlab-exported VQVAE")
+    tokenizer_config: str = option(
+        "auto",
+        "tokenizer architecture: auto (inferred from the weights), official (ch160 v4096 z32), digits "
+        "(configs/tokenizer_digits.yaml), debug",
+    )
+    # ----------------------------------------------------------------------------------------------- data
+    dataset: DatasetKind = option("image-folder", "image-folder (data_root/train, data_root/val), digits, or fake")
+    data_root: Path = option(Path("data/imagenet"), "ImageNet-layout folder with train/ and val/ class sub-folders")
+    horizontal_flip: bool = option(False, "random horizontal flips in training (official hflip, off in README runs)")
+    fake_num_images: int = option(256, "dataset=fake: training images (class-coloured patterns; tests, --debug)")
+    use_token_cache: bool = option(False, "encode every image once (center crop) and train from the stored tokens")
+    token_cache_path: str = option("", "token cache directory ('' = run_dir/token_cache; a stale one is rebuilt)")
+    token_cache_rebuild: bool = option(False, "rebuild a stale cache at --token-cache-path instead of refusing it")
+    eval_batch_size: int = option(64, "batch size of the validation pass (rank 0)")
+    eval_max_images: int = option(0, "evaluate on at most this many validation images (0: all)")
+    # -------------------------------------------------------------------------------------- optimisation
+    epochs: int = option(200, "number of epochs (official ep)")
+    batch_size: int = option(768, "global batch per optimizer step, all GPUs and accumulation steps (official bs)")
+    base_learning_rate: float = option(1e-4, "lr per 256 images: peak lr = this x batch_size / 256 (official tblr)")
+    betas: tuple[float, ...] = option((0.9, 0.95), "AdamW betas")
+    weight_decay: float = option(0.05, "AdamW weight decay of the decayed group (official twd)")
+    fused_optimizer: bool = option(True, "fused AdamW kernel on CUDA (official afuse)")
+    clip_grad_norm: float = option(2.0, "clip the total gradient norm to this after unscaling (official tclip)")
+    label_smoothing: float = option(0.0, "label smoothing of the training loss (official ls; logged CE is unsmoothed)")
+    schedule: ScheduleConfig = option(
+        ScheduleConfig(
+            kind="var-lin0", warmup_fraction=0.02, warmup_start_ratio=0.005, final_ratio=0.1, weight_decay_end=-1.0
+        ),
+        "official lr_wd_annealing: warmup_fraction = wp / ep (default ep/50 -> 0.02), final_ratio = wpe, "
+        "weight_decay_end = twde (-1: constant)",
+    )
+    progressive_until: float = option(
+        0.0, "progressive training (official pg): 0 off; X in (0,1) all scales by X x steps"
+    )
+    progressive_start_scale: int = option(4, "progressive training: last scale index of the first stage (official pg0)")
+    progressive_warmup_epochs: float = option(-1.0, "newest-scale loss ramp per stage, epochs (-1: epochs/300, pgwp)")
+    export: bool = option(True, "write var_export.pth and var_export.safetensors after the last epoch")
+
+    @property
+    def peak_learning_rate(self) -> float:
+        """Official linear scaling: tblr x global batch / 256 (e.g. d16: 1e-4 x 768 / 256 = 3e-4)."""
+        return self.base_learning_rate * self.batch_size / 256
+
+    def validate(self) -> None:
+        super().validate()
+        if self.precision in ("fp16", "bf16", "fp16-scale"):
+            raise UsageError(
+                f"precision {self.precision!r} casts VAR's weights to 16 bits; use fp16-amp-scale (official), bf16-amp "
+                "or fp32"
+            )
+        if self.tokenizer_config not in TOKENIZER_CONFIGS:
+            raise UsageError(
+                f"unknown --tokenizer-config {self.tokenizer_config!r}; choose one of: {', '.join(TOKENIZER_CONFIGS)}"
+            )
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise UsageError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not 0.0 <= self.cond_drop_rate <= 1.0:
+            raise UsageError(f"--cond-drop-rate must be in [0, 1], got {self.cond_drop_rate}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise UsageError(f"--betas takes two values in [0, 1), got {list(self.betas)}")
+        if not 0.0 <= self.progressive_until < 1.0:
+            raise UsageError(f"--progressive-until must be in [0, 1) (0 = off), got {self.progressive_until}")
+        if self.progressive_until > 0 and not 0 <= self.progressive_start_scale < len(self.patch_nums) - 1:
+            raise UsageError(
+                f"--progressive-start-scale must be in [0, {len(self.patch_nums) - 2}] for {len(self.patch_nums)} "
+                f"scales, got {self.progressive_start_scale}"
+            )
+        if self.eval_batch_size <= 0 or self.eval_max_images < 0 or self.fake_num_images <= 0:
+            raise UsageError("--eval-batch-size and --fake-num-images must be positive, --eval-max-images >= 0")
+        if self.num_classes < 1 or self.vocab_size < 1 or self.image_size < 1:
+            raise UsageError("--num-classes, --vocab-size and --image-size must be >= 1")
+
+
+# ------------------------------------------------------------------------------------------------- building
+
+
+def no_weight_decay(name: str, param: nn.Parameter) -> bool:
+    """Official `filter_params`: 1-D parameters, biases and names with a `NO_WEIGHT_DECAY_KEYWORDS` entry."""
+    return param.ndim == 1 or name.endswith("bias") or any(k in name for k in NO_WEIGHT_DECAY_KEYWORDS)
+
+
+def param_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict[str, Any]]:
+    """Two AdamW groups, decayed and not, both at the same peak lr (the schedule keeps per-group ratios)."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if no_weight_decay(name, param) else decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "lr": lr, "group": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "lr": lr, "group": "no_decay"},
+    ]
+
+
+def var_model_config(cfg: VARTrainConfig, vae_embed_dim: int) -> VARConfig:
+    """The `VARConfig` a training config describes (the code width comes from the tokenizer)."""
+    return VARConfig.from_depth(
+        cfg.depth,
+        embed_dim=cfg.embed_dim,
+        num_heads=cfg.num_heads,
+        drop_path_rate=cfg.drop_path_rate,
+        shared_adaln=cfg.shared_adaln,
+        cond_drop_rate=cfg.cond_drop_rate,
+        num_classes=cfg.num_classes,
+        patch_nums=tuple(cfg.patch_nums),
+        vocab_size=cfg.vocab_size,
+        vae_embed_dim=vae_embed_dim,
+    )
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A state_dict from .safetensors or a torch file (weights_only), unwrapping trainlab / official checkpoints."""
+    if not path.is_file():
+        raise UsageError(
+            f"tokenizer weights {path} not found; download vae_ch160v4096z32.pth from {HUGGINGFACE_REPO} "
+            "(trainlab never downloads) and pass its path to --tokenizer"
+        )
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return dict(load_file(str(path)))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        first = (str(err).splitlines() or ["unreadable"])[0][:160]
+        raise UsageError(f"tokenizer weights {path} could not be read ({first}); pass a VQVAE state_dict") from None
+    if isinstance(state, dict) and state.get("format") == "trainlab-checkpoint":
+        models = state.get("models", {})
+        found = [sd for sd in models.values() if isinstance(sd, dict) and "quantize.embedding.weight" in sd]
+        if len(found) != 1:
+            raise UsageError(f"trainlab checkpoint {path} holds no single VQVAE model; pass exported tokenizer weights")
+        return dict(found[0])
+    if isinstance(state, dict) and isinstance(state.get("trainer"), dict) and "vae_local" in state["trainer"]:
+        return dict(state["trainer"]["vae_local"])  # official ar-ckpt-*.pth
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UsageError(f"{path} is not a VQVAE state_dict; pass vae_ch160v4096z32.pth or exported tokenizer weights")
+    return dict(state)
+
+
+def load_tokenizer(path: str, preset: str, patch_nums: Sequence[int], *, seed: int = 0) -> VQVAE:
+    """The frozen tokenizer: eval mode, requires_grad False, float32 on CPU.
+
+    Args:
+        path: weights file; '' only with preset "debug" (a seeded random tiny VQVAE, for tests and --debug).
+        preset: "auto" (architecture inferred from the weights), "official" (vae_ch160v4096z32), "digits"
+            (`DIGITS_TOKENIZER`) or "debug".
+        patch_nums: the token-map sides VAR is trained on.
+        seed: seed of the random debug tokenizer.
+
+    Raises:
+        UsageError: missing or unreadable file, or weights that do not fit the preset.
+    """
+    patch_nums = tuple(int(pn) for pn in patch_nums)
+    if not path:
+        if preset != "debug":
+            raise UsageError(
+                f"--tokenizer is required: download vae_ch160v4096z32.pth from {HUGGINGFACE_REPO} "
+                "(or export a trainlab tokenizer) and pass its path"
+            )
+        with torch.random.fork_rng(devices=[]):  # leaves the global RNG (VAR's init) untouched
+            torch.manual_seed(seed + 7919)
+            model = VQVAE(dataclasses.replace(VQVAEConfig.debug(), patch_nums=patch_nums))
+            with torch.no_grad():  # spread-out codes, so that images use many of them
+                model.quantize.embedding.weight.normal_(0.0, 0.5)
+        log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer given); only for tests and --debug")
+        return model.freeze()
+    state = _read_weights(Path(path))
+    if preset == "auto":
+        vq_cfg = infer_vqvae_config(state, patch_nums)
+    elif preset == "official":
+        vq_cfg = VQVAEConfig.official(patch_nums)
+    elif preset == "digits":
+        vq_cfg = dataclasses.replace(DIGITS_TOKENIZER, patch_nums=patch_nums)
+    else:
+        vq_cfg = dataclasses.replace(VQVAEConfig.debug(), patch_nums=patch_nums)
+    model = VQVAE(vq_cfg)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        first = str(err).splitlines()[0][:200]
+        raise UsageError(
+            f"tokenizer weights {path} do not fit --tokenizer-config {preset} ({first}); try --tokenizer-config auto"
+        ) from None
+    log.info("tokenizer: %s (%s, V=%d, Cv=%d, ch=%d)", path, preset, vq_cfg.vocab_size, vq_cfg.z_channels, vq_cfg.ch)
+    return model.freeze()
+
+
+def _check_tokenizer(cfg: VARTrainConfig, tokenizer: VQVAE) -> None:
+    vq = tokenizer.cfg
+    if vq.vocab_size != cfg.vocab_size:
+        raise UsageError(
+            f"the tokenizer has {vq.vocab_size} codes but --vocab-size is {cfg.vocab_size}; pass --vocab-size "
+            f"{vq.vocab_size}"
+        )
+    side = cfg.patch_nums[-1] * vq.downsample
+    if side != cfg.image_size:
+        raise UsageError(
+            f"--image-size {cfg.image_size} does not match patch_nums[-1]={cfg.patch_nums[-1]} x the tokenizer's "
+            f"downsample {vq.downsample} = {side}; set --image-size {side} or change --patch-nums"
+        )
+
+
+class TensorImageDataset(Dataset[dict[str, torch.Tensor]]):
+    """In-memory images (N, 3, R, R) in [-1, 1] as `{"image", "label"}` samples, optional deterministic flips."""
+
+    def __init__(
+        self, images_N3HW: torch.Tensor, labels_N: torch.Tensor, *, flip: FlipMode = "none", seed: int = 0
+    ) -> None:
+        self.images_N3HW, self.labels_N, self.flip, self.seed = images_N3HW, labels_N.long(), flip, seed
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(epoch)
+
+    def __len__(self) -> int:
+        return int(self.labels_N.shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        img_3HW = self.images_N3HW[index]
+        if self.flip == "always" or (
+            self.flip == "random" and augment_draws(self.seed, int(self._epoch.item()), index)[1] & 1
+        ):
+            img_3HW = img_3HW.flip(-1)
+        return {"image": img_3HW.contiguous(), "label": self.labels_N[index].clone()}
+
+
+def fake_images(num_images: int, image_size: int, num_classes: int, seed: int) -> TensorImageDataset:
+    """Class-dependent colour gradients plus noise: learnable, deterministic, no files (tests and --debug)."""
+    g = torch.Generator().manual_seed(seed)
+    colors_K32 = torch.rand(num_classes, 3, 2, generator=torch.Generator().manual_seed(1234)) * 2 - 1
+    labels_N = torch.arange(num_images) % num_classes
+    ramp_W = torch.linspace(0, 1, image_size)
+    ramp_HW = ramp_W.view(1, -1).expand(image_size, -1)
+    start_N311 = colors_K32[labels_N, :, 0].view(-1, 3, 1, 1)
+    end_N311 = colors_K32[labels_N, :, 1].view(-1, 3, 1, 1)
+    img_N3HW = start_N311 + (end_N311 - start_N311) * ramp_HW
+    img_N3HW = img_N3HW + 0.15 * torch.randn(num_images, 3, image_size, image_size, generator=g)
+    return TensorImageDataset(img_N3HW.clamp(-1, 1), labels_N)
+
+
+@dataclasses.dataclass
+class _Split:
+    """One split's image dataset, class count, and how to build its fixed-preprocessing variants for a cache."""
+
+    images: Dataset[dict[str, torch.Tensor]]
+    num_classes: int
+    description: dict[str, Any]
+    variants: Callable[[tuple[str, ...]], list[Dataset[dict[str, torch.Tensor]]]]
+
+
+# --------------------------------------------------------------------------------------------- progressive
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressiveSchedule:
+    """Official progressive training as a pure function of the optimizer step (see the module docstring).
+
+    Attributes:
+        num_scales: K.
+        start_scale: last scale index of the first stage (official pg0).
+        warmup_steps: steps of the lr warm-up (stage one lasts at least this long).
+        end_step: step from which all scales are trained (progressive_until x total steps).
+        stage_warmup_steps: steps over which a new scale's loss weight ramps from 0.01 to 1 (official prog_wp_it).
+    """
+
+    num_scales: int
+    start_scale: int
+    warmup_steps: int
+    end_step: float
+    stage_warmup_steps: float
+
+    def scale(self, step: int) -> int:
+        """Index of the last trained scale at `step` (official prog_si before its "-1 = all" rewrite)."""
+        last = self.num_scales - 1
+        if step <= self.warmup_steps:
+            return self.start_scale
+        if step >= self.end_step:
+            return last
+        progress = min(max((step - self.warmup_steps) / (self.end_step - self.warmup_steps), 0.0), 1.0)
+        return self.start_scale + round(progress * (last - self.start_scale))
+
+    def stage_start(self, step: int) -> int:
+        """First step of the stage containing `step` (scale() is non-decreasing, so a bisection finds it)."""
+        target = self.scale(step)
+        return bisect.bisect_left(range(step + 1), target, key=self.scale)
+
+    def weight(self, step: int) -> float:
+        """Loss weight of the newest scale (official prog_wp): 1 in the first stage, else a 0.01 -> 1 ramp."""
+        if self.scale(step) == self.scale(0):
+            return 1.0
+        it = step - self.stage_start(step) + 1
+        return max(min(it / max(self.stage_warmup_steps, 1e-8), 1.0), 0.01)
+
+
+# ------------------------------------------------------------------------------------------------- metrics
+
+
+def scale_slices(patch_nums: Sequence[int]) -> list[slice]:
+    """Token positions of each scale in the concatenated sequence."""
+    out, start = [], 0
+    for pn in patch_nums:
+        out.append(slice(start, start + pn * pn))
+        start += pn * pn
+    return out
+
+
+@torch.no_grad()
+def token_metrics(
+    ce_BL: torch.Tensor,
+    logits_BLV: torch.Tensor,
+    target_BL: torch.Tensor,
+    slices: Sequence[slice],
+    *,
+    all_scales: bool,
+    per_scale: bool,
+) -> dict[str, torch.Tensor]:
+    """Mean, last-scale (when `all_scales`) and optionally per-scale unsmoothed cross-entropy and token accuracy.
+
+    `slices` covers exactly the positions in `logits_BLV`: fewer scales during progressive training, where no
+    last-scale metric is reported (`all_scales` False), as in the official code.
+    """
+    ce_BL = ce_BL.detach().float()
+    correct_BL = (logits_BLV.detach().argmax(dim=-1) == target_BL).float()
+    out = {"cross_entropy_mean": ce_BL.mean(), "token_accuracy_mean": correct_BL.mean()}
+    if all_scales:
+        out["cross_entropy_last_scale"] = ce_BL[:, slices[-1]].mean()
+        out["token_accuracy_last_scale"] = correct_BL[:, slices[-1]].mean()
+    if per_scale:
+        for k, sl in enumerate(slices):
+            out[f"cross_entropy_scale_{k}"] = ce_BL[:, sl].mean()
+            out[f"token_accuracy_scale_{k}"] = correct_BL[:, sl].mean()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- recipe
+
+
+class VARRecipe(Recipe):
+    name = "var"
+    config_class = VARTrainConfig
+    best_metric = "val_cross_entropy_last_scale"  # the official "best" checkpoint tracks the val tail loss
+    best_mode = "min"
+    resume_must_match = (
+        "depth",
+        "embed_dim",
+        "num_heads",
+        "shared_adaln",
+        "num_classes",
+        "image_size",
+        "patch_nums",
+        "vocab_size",
+        "dataset",
+        "horizontal_flip",
+        "use_token_cache",
+        "base_learning_rate",
+        "epochs",
+        "label_smoothing",
+        "progressive_until",
+        "progressive_start_scale",
+    )
+
+    def __init__(self, config: TrainConfig) -> None:
+        super().__init__(config)
+        assert isinstance(config, VARTrainConfig)
+        self.cfg = config
+        self.tokenizer: VQVAE | None = None
+        self.tokenizer_hash = ""
+        self.train_images: Dataset[dict[str, torch.Tensor]] | None = None
+        self.val_set: Dataset[dict[str, torch.Tensor]] | None = None
+        self.slices = scale_slices(config.patch_nums)
+        self.seq_len = sum(pn * pn for pn in config.patch_nums)
+        self.progressive: ProgressiveSchedule | None = None
+
+    # --------------------------------------------------------------------------------------------- data
+    def _splits(self) -> tuple[_Split, _Split | None]:
+        c = self.cfg
+        if c.dataset == "image-folder":
+            train_index = scan_image_folder(c.data_root / "train")
+
+            def folder_variants(index: Any) -> Callable[[tuple[str, ...]], list[Dataset[dict[str, torch.Tensor]]]]:
+                def make(variants: tuple[str, ...]) -> list[Dataset[dict[str, torch.Tensor]]]:
+                    return [
+                        ImageFolderDataset(
+                            index.root,
+                            image_size=c.image_size,
+                            train=False,
+                            flip="always" if v == VARIANT_MIRRORED else "none",
+                            index=index,
+                        )
+                        for v in variants
+                    ]
+
+                return make
+
+            train_set = ImageFolderDataset(
+                train_index.root,
+                image_size=c.image_size,
+                train=True,
+                horizontal_flip=c.horizontal_flip,
+                seed=c.seed,
+                index=train_index,
+            )
+            train = _Split(train_set, len(train_index.classes), train_set.describe(), folder_variants(train_index))
+            val_root = c.data_root / "val"
+            if not val_root.is_dir():
+                log.warning("no validation folder %s: evaluation is off", val_root)
+                return train, None
+            val_index = scan_image_folder(val_root)
+            if val_index.classes != train_index.classes:
+                raise UsageError(
+                    f"{val_root} and {c.data_root / 'train'} have different class folders; both need the same classes"
+                )
+            val_set = ImageFolderDataset(val_root, image_size=c.image_size, train=False, index=val_index)
+            return train, _Split(val_set, len(val_index.classes), val_set.describe(), folder_variants(val_index))
+
+        if c.dataset == "digits":
+            from trainlab.data.digits import NUM_CLASSES, load_digits_dataset
+
+            def digits(split: Literal["train", "heldout"]) -> _Split:
+                data = load_digits_dataset(resolution=c.image_size, split=split, seed=0)  # fixed split, as the judge
+                desc = {"kind": "digits", "split": split, "size": len(data), "image_size": c.image_size}
+                return self._tensor_split(data.images_N3HW, data.labels_N, NUM_CLASSES, desc, train=split == "train")
+
+            return digits("train"), digits("heldout")
+
+        num_fake = min(c.num_classes, 10)
+
+        def fake(num: int, seed: int, train: bool) -> _Split:
+            data = fake_images(num, c.image_size, num_fake, seed)
+            desc = {"kind": "fake", "size": num, "seed": seed, "image_size": c.image_size, "classes": num_fake}
+            return self._tensor_split(data.images_N3HW, data.labels_N, num_fake, desc, train=train)
+
+        return fake(c.fake_num_images, c.seed, True), fake(max(c.fake_num_images // 4, 8), c.seed + 1, False)
+
+    def _tensor_split(
+        self, images_N3HW: torch.Tensor, labels_N: torch.Tensor, num_classes: int, desc: dict[str, Any], train: bool
+    ) -> _Split:
+        """A split of in-memory images (digits, fake): flips as configured; cache variants plain / mirrored."""
+
+        def make(variants: tuple[str, ...]) -> list[Dataset[dict[str, torch.Tensor]]]:
+            flips: list[FlipMode] = ["always" if v == VARIANT_MIRRORED else "none" for v in variants]
+            return [TensorImageDataset(images_N3HW, labels_N, flip=f) for f in flips]
+
+        flip: FlipMode = "random" if train and self.cfg.horizontal_flip else "none"
+        return _Split(TensorImageDataset(images_N3HW, labels_N, flip=flip, seed=self.cfg.seed), num_classes, desc, make)
+
+    def _cached(self, split: _Split, name: str, device: torch.device, train: bool) -> Dataset[dict[str, torch.Tensor]]:
+        c = self.cfg
+        assert self.tokenizer is not None
+        variants = (VARIANT_PLAIN, VARIANT_MIRRORED) if (train and c.horizontal_flip) else (VARIANT_PLAIN,)
+        desc = {k: v for k, v in split.description.items() if k not in ("crop", "flip")}
+        spec = TokenCacheSpec(self.tokenizer_hash, tuple(c.patch_nums), c.vocab_size, desc, variants)
+        base = Path(c.token_cache_path) if c.token_cache_path else c.run_dir / "token_cache"
+        on_stale: Literal["rebuild", "refuse"] = (
+            "rebuild" if (not c.token_cache_path or c.token_cache_rebuild) else "refuse"
+        )
+        cache = ensure_token_cache(
+            base / name,
+            spec,
+            lambda: split.variants(variants),
+            self.tokenizer,
+            on_stale=on_stale,
+            device=device,
+            batch_size=c.eval_batch_size,
+            num_workers=c.num_workers,
+        )
+        return TokenCacheDataset(cache, seed=c.seed, random_variant=train)
+
+    # -------------------------------------------------------------------------------------------- build
+    def build(self, device: torch.device) -> TrainParts:
+        c = self.cfg
+        self.tokenizer = load_tokenizer(c.tokenizer, c.tokenizer_config, c.patch_nums, seed=c.seed).to(device)
+        _check_tokenizer(c, self.tokenizer)
+        self.tokenizer_hash = tokenizer_sha256(self.tokenizer)
+        train, val = self._splits()
+        if train.num_classes > c.num_classes:
+            raise UsageError(
+                f"the dataset has {train.num_classes} classes but the model has --num-classes {c.num_classes}; "
+                f"pass --num-classes {train.num_classes} (or more)"
+            )
+        self.train_images = train.images
+        train_set = self._cached(train, "train", device, True) if c.use_token_cache else train.images
+        if val is not None:
+            self.val_set = self._cached(val, "val", device, False) if c.use_token_cache else val.images
+
+        var = VAR(var_model_config(c, self.tokenizer.cfg.z_channels))
+        var.init_weights(c.init_adaln, c.init_adaln_gamma, c.init_head, c.init_std)
+        if c.init_from:
+            _load_official_var(var, Path(c.init_from))
+        var = var.to(device)
+        lr = c.peak_learning_rate
+        groups = param_groups(var, c.weight_decay, lr)
+        fused = c.fused_optimizer and device.type == "cuda"
+        optimizer = torch.optim.AdamW(groups, lr=lr, betas=(c.betas[0], c.betas[1]), fused=fused or None)
+        log.info(
+            "VAR d%d: %.2f M parameters; peak lr = base_learning_rate %.3g x batch_size %d / 256 = %.4g; "
+            "%d decayed / %d not decayed tensors; fused AdamW %s",
+            c.depth,
+            var.num_parameters() / 1e6,
+            c.base_learning_rate,
+            c.batch_size,
+            lr,
+            len(groups[0]["params"]),
+            len(groups[1]["params"]),
+            fused,
+        )
+        if val is not None:
+            log.info("evaluation: class dropout OFF (official eval keeps cond_drop_rate %.2f)", c.cond_drop_rate)
+
+        steps_per_epoch = len(train_set) // c.batch_size  # type: ignore[arg-type]
+        total = steps_per_epoch * c.epochs
+        if c.max_steps > 0:
+            total = min(total, c.max_steps)
+        if c.progressive_until > 0:
+            stage_epochs = c.progressive_warmup_epochs if c.progressive_warmup_epochs >= 0 else c.epochs / 300
+            self.progressive = ProgressiveSchedule(
+                num_scales=len(c.patch_nums),
+                start_scale=c.progressive_start_scale,
+                warmup_steps=round(c.schedule.warmup_fraction * total),
+                end_step=c.progressive_until * total,
+                stage_warmup_steps=stage_epochs * steps_per_epoch,
+            )
+        return TrainParts(models={"var": var}, phases=[Phase("main", optimizer, ["var"])], train_dataset=train_set)
+
+    # --------------------------------------------------------------------------------------------- step
+    def _tokens(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Tokens (B, L) int64 from the cache, or by encoding the images with the frozen tokenizer (fp32)."""
+        if "tokens" in batch:
+            return batch["tokens"].long()
+        assert self.tokenizer is not None
+        return encode_batch(self.tokenizer, batch["image"])
+
+    def teacher_forcing_input(self, tokens_BL: torch.Tensor) -> torch.Tensor:
+        """x (B, L - first_l, Cv): the accumulated f_hat of scales < k on scale k's grid, float32."""
+        assert self.tokenizer is not None
+        idx_list = list(torch.split(tokens_BL, [pn * pn for pn in self.cfg.patch_nums], dim=1))
+        with torch.no_grad(), torch.autocast(tokens_BL.device.type, enabled=False):
+            return self.tokenizer.quantize.idx_to_var_input(idx_list)
+
+    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
+        c = self.cfg
+        tokens_BL = self._tokens(batch)
+        label_B = batch["label"]
+        x_BLCv = self.teacher_forcing_input(tokens_BL)
+        first_l = c.patch_nums[0] ** 2
+        weight_L = torch.full((self.seq_len,), 1.0 / self.seq_len, device=tokens_BL.device)
+        end, stage_scale = self.seq_len, len(c.patch_nums) - 1
+        metrics: dict[str, Any] = {}
+        if self.progressive is not None:
+            stage_scale = self.progressive.scale(step)
+            end = self.slices[stage_scale].stop
+            # official: once all scales train, prog_si = -1 and the plain 1/L weights apply (no ramp)
+            prog_weight = self.progressive.weight(step) if stage_scale < len(c.patch_nums) - 1 else 1.0
+            weight_L = weight_L[:end].clone()
+            weight_L[self.slices[stage_scale]] *= prog_weight
+            metrics.update(progressive_scale=float(stage_scale), progressive_weight=prog_weight)
+        logits_BLV = models["var"](label_B, x_BLCv[:, : end - first_l])
+        target_BL = tokens_BL[:, :end]
+        B, L, V = logits_BLV.shape
+        ce_BL = F.cross_entropy(logits_BLV.view(-1, V), target_BL.reshape(-1), reduction="none").view(B, L)
+        if c.label_smoothing > 0:
+            train_ce_BL = F.cross_entropy(
+                logits_BLV.view(-1, V), target_BL.reshape(-1), label_smoothing=c.label_smoothing, reduction="none"
+            ).view(B, L)
+        else:
+            train_ce_BL = ce_BL
+        loss = train_ce_BL.mul(weight_L).sum(dim=-1).mean()
+        per_scale = (step + 1) % c.log_every == 0 or step == 0  # the engine logs those steps
+        slices = self.slices[: stage_scale + 1]
+        all_scales = len(slices) == len(self.slices)
+        metrics.update(token_metrics(ce_BL, logits_BLV, target_BL, slices, all_scales=all_scales, per_scale=per_scale))
+        skipped = getattr(self.train_images, "skipped_images", None)
+        if per_scale and skipped is not None:
+            metrics["unreadable_images_skipped"] = float(skipped)
+        return {"loss": loss, **metrics}
+
+    # ----------------------------------------------------------------------------------------- evaluate
+    def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
+        c = self.cfg
+        var = models["var"]
+        metrics: dict[str, float] = {}
+        if self.val_set is not None:
+            metrics = self._validate(var, device)
+        skipped = getattr(self.train_images, "skipped_images", None)
+        if skipped:
+            metrics["train_unreadable_images_skipped"] = float(skipped)
+        if epoch >= c.epochs and c.export:
+            assert isinstance(var, VAR)
+            export_var(var, c.run_dir)
+        return metrics
+
+    def _validate(self, var: nn.Module, device: torch.device) -> dict[str, float]:
+        c = self.cfg
+        assert self.val_set is not None
+        loader = DataLoader(  # an own generator: evaluation leaves the global RNG (class dropout) alone
+            self.val_set,
+            batch_size=c.eval_batch_size,
+            shuffle=False,
+            num_workers=c.num_workers,
+            generator=torch.Generator().manual_seed(0),
+        )
+        K = len(c.patch_nums)
+        ce_sum_K = torch.zeros(K, dtype=torch.float64, device=device)
+        correct_K = torch.zeros(K, dtype=torch.float64, device=device)
+        images = 0
+        for batch in loader:
+            if c.eval_max_images and images >= c.eval_max_images:
+                break
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            if c.eval_max_images:
+                batch = {k: v[: c.eval_max_images - images] for k, v in batch.items()}
+            tokens_BL = self._tokens(batch)
+            logits_BLV = var(batch["label"], self.teacher_forcing_input(tokens_BL), cond_drop_rate=0.0)
+            B, L, V = logits_BLV.shape
+            ce_BL = F.cross_entropy(logits_BLV.float().view(-1, V), tokens_BL.reshape(-1), reduction="none").view(B, L)
+            correct_BL = (logits_BLV.argmax(-1) == tokens_BL).double()
+            for k, sl in enumerate(self.slices):
+                ce_sum_K[k] += ce_BL[:, sl].double().sum()
+                correct_K[k] += correct_BL[:, sl].sum()
+            images += B
+        if images == 0:
+            return {}
+        tokens_K = torch.tensor([images * pn * pn for pn in c.patch_nums], dtype=torch.float64, device=device)
+        out = {
+            "val_cross_entropy_mean": float(ce_sum_K.sum() / tokens_K.sum()),
+            "val_cross_entropy_last_scale": float(ce_sum_K[-1] / tokens_K[-1]),
+            "val_token_accuracy_mean": float(correct_K.sum() / tokens_K.sum()),
+            "val_token_accuracy_last_scale": float(correct_K[-1] / tokens_K[-1]),
+            "val_images": float(images),
+        }
+        for k in range(K):
+            out[f"val_cross_entropy_scale_{k}"] = float(ce_sum_K[k] / tokens_K[k])
+            out[f"val_token_accuracy_scale_{k}"] = float(correct_K[k] / tokens_K[k])
+        return out
+
+    # --------------------------------------------------------------------------------------- resume/debug
+    def state_dict(self) -> dict[str, Any]:
+        return {"tokenizer_sha256": self.tokenizer_hash}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("tokenizer_sha256", "")
+        if saved and self.tokenizer_hash and saved != self.tokenizer_hash:
+            raise UsageError(
+                f"the checkpoint was trained with other tokenizer weights (sha256 {saved[:12]}..., this run "
+                f"{self.tokenizer_hash[:12]}...); pass the same --tokenizer to resume"
+            )
+
+    def debug_config(self) -> TrainConfig:
+        c = self.cfg
+        return dataclasses.replace(
+            c,
+            depth=2,
+            embed_dim=64,
+            num_heads=2,
+            drop_path_rate=0.0,
+            patch_nums=(1, 2, 3, 4),
+            image_size=16,
+            vocab_size=64,
+            num_classes=10,
+            tokenizer="",
+            tokenizer_config="debug",
+            init_from="",
+            dataset="fake",
+            fake_num_images=32,
+            batch_size=8 * c.grad_accumulation,
+            base_learning_rate=0.03,  # peak lr 1e-3 at batch 8, so that the weights visibly move in a few steps
+            epochs=3,  # 4 steps per epoch: the debug check resumes mid-epoch (step 6)
+            max_steps=-1,
+            eval_batch_size=32,
+            eval_max_images=0,
+            log_every=1,
+            num_workers=0,
+            progressive_start_scale=min(c.progressive_start_scale, 1),
+            token_cache_path="",
+            debug=False,
+        )
+
+
+# --------------------------------------------------------------------------------------------- load/export
+
+
+def _load_official_var(var: VAR, path: Path) -> None:
+    """Strictly load official `var_d*.pth` weights into `var` (one-line UsageError when they do not fit)."""
+    from trainlab.models.var_loading import infer_var_config, read_state_dict
+
+    state = read_state_dict(path, "VAR")
+    found = infer_var_config(state, var.cfg.patch_nums)
+    for field in ("depth", "embed_dim", "num_heads", "shared_adaln", "num_classes", "vocab_size", "vae_embed_dim"):
+        have, want = getattr(found, field), getattr(var.cfg, field)
+        if have != want:
+            flag = "--" + field.replace("_", "-")
+            raise UsageError(f"--init-from {path} has {field}={have} but this run builds {want}; set {flag} {have}")
+    try:
+        var.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0][:200]
+        raise UsageError(f"--init-from {path} does not fit the model ({first}); check --patch-nums") from None
+    log.info("initialised VAR from %s (strict load)", path)
+
+
+def export_var(var: VAR, run_dir: Path) -> tuple[Path, Path]:
+    """Write `var_export.pth` and `var_export.safetensors` (official state_dict format, atomic) into `run_dir`.
+
+    Both load with `trainlab.models.var_loading.load_official` / `trainlab sample` and the official code.
+
+    Returns:
+        The two paths.
+    """
+    from trainlab.models.var_loading import export_official
+
+    run_dir = Path(run_dir)
+    paths = export_official(var, run_dir / EXPORT_PTH), export_official(var, run_dir / EXPORT_SAFETENSORS)
+    log.info("exported VAR weights: %s, %s", *paths)
+    return paths
+
+
+def export_run(run_dir: str | Path, checkpoint: str = "last") -> tuple[Path, Path]:
+    """Export the VAR weights of a finished or interrupted run (its `ckpt/<checkpoint>.pt`), no command needed.
+
+    Args:
+        run_dir: the run directory of a `trainlab train var` run.
+        checkpoint: "last" or "best".
+
+    Returns:
+        (`run_dir/var_export.pth`, `run_dir/var_export.safetensors`).
+    """
+    from trainlab.engine.checkpoint import load_checkpoint
+
+    run_dir = Path(run_dir)
+    state = load_checkpoint(run_dir / "ckpt" / f"{checkpoint}.pt")
+    if state.get("recipe") != VARRecipe.name:
+        raise UsageError(f"{run_dir} is a {state.get('recipe')!r} run, not a VAR run")
+    cfg = from_dict(VARTrainConfig, state["config"])
+    weights = state["models"]["var"]
+    var = VAR(var_model_config(cfg, int(weights["word_embed.weight"].shape[1])))
+    var.load_state_dict(weights)
+    return export_var(var, run_dir)
