@@ -55,6 +55,19 @@ def test_resume_mid_epoch_is_bit_exact(tmp_path: Path) -> None:
         assert torch.equal(tensor, _weights(second)[name]), name
 
 
+def test_resuming_a_run_that_reached_max_steps_trains_nothing(tmp_path: Path) -> None:
+    """`--max-steps` is where the run ends: running it again (resume auto) must not take one more step."""
+    first = Trainer(ToyRecipe(_config(tmp_path, max_steps=4)))
+    assert first.fit().step == 4
+    before = (tmp_path / "ckpt" / "last.pt").read_bytes()
+    again = Trainer(ToyRecipe(_config(tmp_path, max_steps=4, resume="auto")))
+    result = again.fit()
+    assert (result.status, result.step, result.losses) == ("max_steps", 4, [])
+    assert (tmp_path / "ckpt" / "last.pt").read_bytes() == before
+    for name, tensor in _weights(first).items():
+        assert torch.equal(tensor, _weights(again)[name]), name
+
+
 def test_best_is_a_copy_of_last(tmp_path: Path) -> None:
     Trainer(ToyRecipe(_config(tmp_path, epochs=1))).fit()
     last, best = tmp_path / "ckpt" / "last.pt", tmp_path / "ckpt" / "best.pt"

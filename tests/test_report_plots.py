@@ -241,3 +241,42 @@ def test_report_command(runs: dict[str, list[Path]], tmp_path: Path, capsys: pyt
     (tmp_path / "not-a-run").mkdir()
     with pytest.raises(UsageError, match=r"no metrics\.jsonl"):
         report_main([dirs[0], str(tmp_path / "not-a-run")])
+
+
+def test_saturated_accuracy_plots_stay_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Every mode at 100%: no empty zoom inset, accuracy axes never pad past 100%, legends outside the data."""
+    import trainlab.report.plots as plots
+
+    figures: dict[str, Any] = {}
+    real_save = plots._save
+
+    def capture(fig: Any, out_dir: Path, name: str) -> Path:
+        figures[name] = fig
+        return real_save(fig, out_dir, name)
+
+    monkeypatch.setattr(plots, "_save", capture)
+    groups = {}
+    for precision, seconds in (("fp32", 1.0), ("bf16-amp", 2.0)):
+        run_dir = write_run(
+            tmp_path / precision, precision=precision, seed=0, final_acc=1.0, memory_mib=10, seconds=seconds, epochs=12
+        )
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        for row in rows:  # saturated: 100% from epoch 2 on
+            if row["kind"] == "eval":
+                row["test_accuracy"] = 0.9 if row["epoch"] == 1 else 1.0
+            if row["kind"] == "summary":
+                row["best_test_accuracy"] = 1.0
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        groups[precision] = [run_dir]
+    plot_comparison(groups, tmp_path / "plots")
+    accuracy_ax = figures["accuracy_vs_epoch.png"].axes[0]
+    assert accuracy_ax.child_axes == [], "flat tail at 100% must not get a zoom inset"
+    assert figures["accuracy_vs_time.png"].axes[0].get_ylim()[1] <= 100.5
+    for name, fig in figures.items():
+        legend = fig.axes[0].get_legend()
+        assert legend is not None and legend.get_bbox_to_anchor().x0 > fig.axes[0].bbox.x1 - 1, name
+    loss_ax = figures["loss_vs_step.png"].axes[0]
+    assert len(loss_ax.child_axes) == 1, "a falling loss keeps its tail zoom"
+    assert not [w for w in recwarn if "No artists" in str(w.message)]

@@ -4,6 +4,7 @@
     trainlab bench precision ...                                     (every precision mode, then plots)
     trainlab report RUN_DIR [RUN_DIR ...]                            (plots and tables from run directories)
     trainlab sample --vae PATH --var PATH --classes ...              (sample from VAR weights)
+    trainlab demo [--quick]                                          (tokenizer + VAR on bundled digits, judged)
 
 Bad input prints one line and exits with code 2; `--help` on any subcommand documents every field.
 """
@@ -25,6 +26,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("trainlab.commands.bench:main", "benchmarks: `trainlab bench precision` runs every precision mode"),
     "report": ("trainlab.commands.report:main", "plots and tables from one or more run directories"),
     "sample": ("trainlab.commands.sample:main", "sample images from VAR weights (official or trainlab-trained)"),
+    "demo": ("trainlab.commands.demo:main", "tokenizer + VAR trained on bundled digits, then judged (--quick: 2 min)"),
 }
 
 

@@ -338,6 +338,10 @@ class Trainer:
         try:
             with graceful_stop() as stop:
                 while self.progress.epoch < cfg.epochs and status == "finished":
+                    if cfg.max_steps > 0 and self.progress.step >= cfg.max_steps:  # resumed a run that reached it
+                        log.info("already at --max-steps %d: nothing left to train", cfg.max_steps)
+                        status = "max_steps"
+                        break
                     status, epoch_time, samples = self._run_epoch(logger, stop, losses)
                     if epoch_time is not None:
                         epoch_seconds.append(epoch_time)

@@ -39,8 +39,8 @@ def _first_line(err: BaseException) -> str:
 def read_state_dict(path: str | os.PathLike[str], what: str) -> dict[str, torch.Tensor]:
     """Read a flat name -> tensor mapping from .pth/.pt (`weights_only=True`) or .safetensors, on CPU.
 
-    An official training checkpoint (`ar-ckpt-*.pth`: {'trainer': {'var_wo_ddp', 'vae_local', ...}}) is unwrapped to
-    the part named by `what` ("VAR" or "VQVAE").
+    An official training checkpoint (`ar-ckpt-*.pth`: {'trainer': {'var_wo_ddp', 'vae_local', ...}}) or a trainlab
+    run checkpoint (`ckpt/last.pt`) is unwrapped to the model of the kind named by `what` ("VAR" or "VQVAE").
 
     Raises:
         UsageError: missing, unreadable, or not a state_dict.
@@ -68,6 +68,12 @@ def read_state_dict(path: str | os.PathLike[str], what: str) -> dict[str, torch.
         ) from err
     if isinstance(obj, Mapping) and isinstance(obj.get("trainer"), Mapping):
         obj = obj["trainer"].get("var_wo_ddp" if what == "VAR" else "vae_local", obj)
+    if isinstance(obj, Mapping) and obj.get("format") == "trainlab-checkpoint":  # ckpt/last.pt of a trainlab run
+        keys = _VAR_KEYS if what == "VAR" else _VQVAE_KEYS
+        found = [sd for sd in obj.get("models", {}).values() if isinstance(sd, Mapping) and all(k in sd for k in keys)]
+        if len(found) != 1:
+            raise UsageError(f"trainlab checkpoint {path} holds no {what} model; pass the run's exported weights")
+        obj = found[0]
     if not isinstance(obj, Mapping) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise UsageError(f"{path} is not a plain state_dict (name -> tensor); pass an official {what} weights file")
     return dict(obj)

@@ -334,8 +334,9 @@ class TokenizerRecipe(Recipe):
         try:
             from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
         except ImportError:
-            log.warning("rFID off: torch-fidelity is not installed (pip install torch-fidelity to enable it)")
-            return None
+            raise UsageError(
+                "--inception-weights needs torch-fidelity: pip install 'trainlab[rfid]' (or drop the flag)"
+            ) from None
         try:  # torch-fidelity reloads the file with weights_only=False: check first that it is plain tensors
             torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # any unpickling problem is the user's file

@@ -271,10 +271,13 @@ def _tail_inset(
         values = values[values > 0]
     if len(values) == 0:
         return
+    lo, hi = float(values.min()), float(values.max())
+    everything = np.concatenate([y[np.isfinite(y)] for _, y, _ in lines])
+    if hi - lo <= 1e-9 * max(abs(hi), 1.0) or hi - lo >= 0.5 * float(everything.max() - everything.min()):
+        return  # a flat tail, or one already spread over half the axis: a zoom would show nothing new
     inset = ax.inset_axes((0.52, 0.5 if upper else 0.1, 0.45, 0.38))
     for x, y, color in visible:
         inset.plot(x, y, color=color, linewidth=1.0)
-    lo, hi = float(values.min()), float(values.max())
     if log_y:
         inset.set_yscale("log")
         inset.set_ylim(lo / 1.15, hi * 1.15)
@@ -286,6 +289,13 @@ def _tail_inset(
     inset.grid(True, alpha=0.3)
     inset.set_title("zoom: tail", fontsize=8)
     ax.indicate_inset_zoom(inset, edgecolor="0.5")
+
+
+def _legend(ax: Axes) -> None:
+    """A legend beside the axes (never over the data); nothing when no artist has a label."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0.0)
 
 
 def _finite(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -468,7 +478,7 @@ def _plot_loss_comparison(groups: dict[str, list[RunData]], colors: dict[str, st
         x_min = min(float(x.min()) for x, _, _ in lines)
         if x_max > x_min:
             _tail_inset(ax, lines, x_max - 0.1 * (x_max - x_min), log_y=log_y, upper=True)  # loss falls
-    ax.legend(loc="lower left", fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, "loss_vs_step.png")
 
 
@@ -490,7 +500,7 @@ def _plot_accuracy_comparison(groups: dict[str, list[RunData]], colors: dict[str
         tail = max(3, math.ceil(0.1 * last_epoch))
         if last_epoch >= 2 * tail:
             _tail_inset(ax, lines, last_epoch - tail, log_y=False, upper=False)  # accuracy rises
-    ax.legend(loc="upper left", fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, "accuracy_vs_epoch.png")
 
 
@@ -580,7 +590,8 @@ def _plot_summary_bars(
                     label="CUDA max reserved" if i == 0 else None,
                 )
     ax.set_xticks(positions, labels, rotation=20, ha="right")
-    ax.legend(fontsize=8)
+    ax.margins(y=0.12)  # room for the value labels above the bars
+    _legend(ax)
     return _save(fig, out_dir, filename)
 
 
@@ -590,6 +601,7 @@ def _plot_accuracy_vs_time(groups: dict[str, list[RunData]], colors: dict[str, s
         "train time per epoch (s, first epoch excluded)",
         "final test accuracy (%)",
     )
+    all_accuracies: list[float] = []
     for label, runs in groups.items():
         points = [
             (float(r.summary["seconds_per_epoch"]), 100 * float(r.summary["final_test_accuracy"]))
@@ -600,10 +612,15 @@ def _plot_accuracy_vs_time(groups: dict[str, list[RunData]], colors: dict[str, s
             ax.scatter([], [], color=colors[label], label=f"{label} (no summary)")
             continue
         xs, ys = zip(*points)
+        all_accuracies += ys
         ax.scatter(
             xs, ys, color=colors[label], s=36, label=label + (f" ({len(points)} seeds)" if len(points) > 1 else "")
         )
-    ax.legend(fontsize=8)
+    if all_accuracies:  # accuracy cannot exceed 100%: do not let the autoscale pad past it
+        lo, hi = min(all_accuracies), max(all_accuracies)
+        pad = max(0.5, 0.08 * (hi - lo))
+        ax.set_ylim(max(0.0, lo - pad), min(100.0, hi) + min(pad, 100.5 - min(100.0, hi)))
+    _legend(ax)
     return _save(fig, out_dir, "accuracy_vs_time.png")
 
 

@@ -1,0 +1,88 @@
+"""`trainlab demo --quick`: the whole pipeline runs and writes sane outputs (the quality bar is the full demo's)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainlab.config import to_dict
+from trainlab.demo import REPORT_KEYS, DemoConfig, tokenizer_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _demo(python: str, run_dir: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [python, "-m", "trainlab", "demo", "--quick", "--run-dir", str(run_dir), "--samples-per-class", "5", *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_quick_demo_writes_report_and_figures_then_continues_finished_stages(
+    tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    run_dir = tmp_path / "demo"
+    done = _demo(python, run_dir, run_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((run_dir / "report.json").read_text())
+    for key in REPORT_KEYS:
+        assert isinstance(report[key], float) and math.isfinite(report[key]), key
+    assert 0.5 < report["classifier_heldout_accuracy"] <= 1.0  # 2 judge epochs already give ~94%
+    assert 0.0 <= report["conditional_accuracy"] <= 1.0
+    assert len(report["conditional_accuracy_per_class"]) == 10
+    assert report["fid_samples"] >= 0.0 and report["fid_real_floor"] >= 0.0
+    assert report["fid_num_images"] == [50, 500, 500]
+    assert 5.0 < report["recon_psnr"] < 60.0
+    assert report["seconds_total"] > 0
+    assert report["settings"]["tokenizer_steps"] == 12 and report["settings"]["var_steps"] == 10
+    for name in ("samples_grid.png", "reconstructions.png", "training_curves.png", "judge.safetensors"):
+        assert (run_dir / name).stat().st_size > 1000, name
+    markdown = (run_dir / "report.md").read_text()
+    assert "conditional accuracy" in markdown and "![samples](samples_grid.png)" in markdown
+    for stage in ("tokenizer", "var"):
+        assert (run_dir / stage / "ckpt" / "last.pt").is_file()
+        assert (run_dir / stage / "metrics.jsonl").stat().st_size > 0
+    assert "conditional accuracy" in done.stdout
+
+    grid = tmp_path / "grid.png"  # the run checkpoints load straight into `trainlab sample`
+    sample = [python, "-m", "trainlab", "sample", "--vae", str(run_dir / "tokenizer/ckpt/last.pt")]
+    sample += ["--var", str(run_dir / "var/ckpt/last.pt"), "--classes", "0", "7", "--out", str(grid)]
+    sampled = subprocess.run(sample, env=run_env, capture_output=True, text=True, timeout=300)
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert grid.stat().st_size > 100
+
+    again = _demo(python, run_dir, run_env)  # finished stages resume at their end; the judge is reloaded
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "judge loaded from" in again.stderr
+    second = json.loads((run_dir / "report.json").read_text())
+    assert second["settings"]["tokenizer_steps"] == 12 and second["settings"]["var_steps"] == 10
+    assert second["classifier_heldout_accuracy"] == report["classifier_heldout_accuracy"]
+    assert second["conditional_accuracy"] == report["conditional_accuracy"]
+
+
+@pytest.mark.parametrize("flag", [["--samples-per-class", "0"], ["--guidance", "-1"], ["--threads", "-2"]])
+def test_bad_demo_flags_are_one_line_usage_errors(
+    tmp_path: Path, python: str, run_env: dict[str, str], flag: list[str]
+) -> None:
+    done = _demo(python, tmp_path / "demo", run_env, *flag)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "demo" in done.stderr
+
+
+def test_shipped_tokenizer_config_is_the_demo_tokenizer() -> None:
+    """configs/tokenizer_digits.yaml and the demo's tokenizer stage must not drift apart."""
+    shipped = yaml.safe_load((REPO / "configs" / "tokenizer_digits.yaml").read_text())
+    demo = to_dict(tokenizer_config(DemoConfig()))
+    ignored = {"run_dir", "resume", "seed", "device", "progress"}
+    different = {}
+    for key, value in shipped.items():
+        ours = demo[key]
+        if isinstance(value, dict):  # a nested config: compare the fields the YAML sets
+            ours = {k: ours[k] for k in value}
+        if key not in ignored and ours != value:
+            different[key] = (value, ours)
+    assert not different
+    assert set(shipped) - ignored <= set(demo)
