@@ -1,11 +1,13 @@
 """Engine overhead: ResNet-18 (CIFAR stem) training steps through trainlab's engine vs a bare PyTorch loop.
 
 Same model init, same in-memory data, same DataLoader order, same optimizer; the two are interleaved repeat by
-repeat so machine noise hits both alike. Each repeat times one epoch of `--steps` optimizer steps (wall clock with
-device synchronisation, data loading included, evaluation and checkpointing excluded for both). Reports the median
-per-step time of each and the ratio engine / bare.
+repeat, alternating which goes first, so machine noise and order effects hit both alike. Each repeat times one
+epoch of `--steps` optimizer steps (wall clock with device synchronisation, data loading included, evaluation and
+checkpointing excluded for both). Reports the median per-step time of each, their ratio, and the median of the
+per-repeat (paired) ratios.
 
     python benchmarks/bench_engine_overhead.py --steps 10 --repeats 5 --batch-size 32 --threads 2
+    python benchmarks/bench_engine_overhead.py --same-model --repeats 40     # per-step overhead alone
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ class BenchRecipe(Recipe):
         return self.config
 
 
+def initial_weights(model_name: str) -> dict[str, torch.Tensor]:
+    """One set of initial weights that both variants start every repeat from (same arithmetic, same values)."""
+    torch.manual_seed(0)
+    return {k: v.clone() for k, v in create_model(model_name).state_dict().items()}
+
+
 def time_engine(data: TensorDataset, args: argparse.Namespace, run_dir: Path) -> float:
     cfg = TrainConfig(
         run_dir=run_dir,
@@ -69,6 +77,7 @@ def time_engine(data: TensorDataset, args: argparse.Namespace, run_dir: Path) ->
         precision=args.precision,
     )
     trainer = Trainer(BenchRecipe(cfg, data, args.model))
+    trainer.parts.models["model"].load_state_dict(args.initial_weights)  # in place: the optimizer keeps its params
     logger_dir = run_dir
     from trainlab.engine.metrics import MetricsLogger
     from trainlab.engine.signals import graceful_stop
@@ -86,7 +95,9 @@ def time_engine(data: TensorDataset, args: argparse.Namespace, run_dir: Path) ->
 def time_bare(data: TensorDataset, args: argparse.Namespace) -> float:
     torch.manual_seed(0)
     device = torch.device(args.device)
-    model = create_model(args.model).to(device)
+    model = create_model(args.model)
+    model.load_state_dict(args.initial_weights)
+    model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     sampler = StepBatchSampler(len(data), batch_size=args.batch_size, accumulation=1, rank=0, world=1, seed=0)
     loader = DataLoader(data, batch_sampler=sampler)
@@ -104,6 +115,43 @@ def time_bare(data: TensorDataset, args: argparse.Namespace) -> float:
     return (time.perf_counter() - t0) / sampler.steps_per_epoch
 
 
+def same_model_steps(args: argparse.Namespace, run_dir: Path) -> None:
+    """Engine step vs bare step on ONE model, ONE optimizer and ONE fixed batch, alternating step by step.
+
+    Nothing differs but the code around forward/backward/step, so this isolates the per-step overhead from data
+    loading, logging and model placement in memory.
+    """
+    data = make_data(args.batch_size)
+    cfg = TrainConfig(run_dir=run_dir, epochs=1, batch_size=args.batch_size, tensorboard=False, progress=False)
+    trainer = Trainer(BenchRecipe(cfg, data, args.model))
+    model, opt = trainer.parts.models["model"], trainer.phases[0].optimizer
+    x, y = data[: args.batch_size]
+    model.train()
+
+    def bare() -> None:
+        loss = F.cross_entropy(model(x).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+
+    def engine() -> None:
+        trainer._optimizer_step([(x, y)])
+
+    for fn in (bare, engine, bare, engine):  # warm-up
+        fn()
+    times: dict[str, list[float]] = {"engine": [], "bare": []}
+    for r in range(args.repeats):
+        for name, fn in [("engine", engine), ("bare", bare)][:: 1 if r % 2 == 0 else -1]:
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    e, b = statistics.median(times["engine"]), statistics.median(times["bare"])
+    paired = statistics.median(x / y for x, y in zip(times["engine"], times["bare"]))
+    print(f"same model, {args.repeats} alternating single steps: engine {e * 1e3:.1f} ms, bare {b * 1e3:.1f} ms")
+    print(f"engine / bare {e / b:.3f}, median paired ratio {paired:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet18")
@@ -113,24 +161,43 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--same-model", action="store_true", help="single steps on one model (see same_model_steps)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.same_model:
+        with TemporaryDirectory() as tmp:
+            same_model_steps(args, Path(tmp))
+        return
+    args.initial_weights = initial_weights(args.model)
     data = make_data(args.steps * args.batch_size)
     engine, bare = [], []
     with TemporaryDirectory() as tmp:
         time_bare(data, args)  # warm-up (allocator, kernels)
         for r in range(args.repeats):
-            engine.append(time_engine(data, args, Path(tmp) / f"r{r}"))
-            bare.append(time_bare(data, args))
-            print(f"repeat {r}: engine {engine[-1] * 1e3:.1f} ms/step, bare {bare[-1] * 1e3:.1f} ms/step")
+            # alternate which variant goes first (engine-bare, bare-engine, ...) so order effects cancel
+            if r % 2 == 0:
+                engine.append(time_engine(data, args, Path(tmp) / f"r{r}"))
+                bare.append(time_bare(data, args))
+            else:
+                bare.append(time_bare(data, args))
+                engine.append(time_engine(data, args, Path(tmp) / f"r{r}"))
+            first = "engine" if r % 2 == 0 else "bare"
+            print(
+                f"repeat {r} ({first} first): engine {engine[-1] * 1e3:.1f} ms/step, "
+                f"bare {bare[-1] * 1e3:.1f} ms/step, ratio {engine[-1] / bare[-1]:.3f}",
+                flush=True,
+            )
     e, b = statistics.median(engine), statistics.median(bare)
-    print("\n| model | batch | device | threads | engine ms/step | bare ms/step | engine / bare |")
-    print("|---|---|---|---|---|---|---|")
+    paired = statistics.median(x / y for x, y in zip(engine, bare))
+    print(
+        "\n| model | batch | device | threads | engine ms/step | bare ms/step | engine / bare | median paired ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     print(
         f"| {args.model} | {args.batch_size} | {args.device} | {args.threads} | {e * 1e3:.1f} | {b * 1e3:.1f} | "
-        f"{e / b:.3f} |"
+        f"{e / b:.3f} | {paired:.3f} |"
     )
-    print(f"(median of {args.repeats} interleaved repeats of {args.steps} steps each)")
+    print(f"(medians of {args.repeats} interleaved repeats of {args.steps} steps each, order alternating)")
 
 
 if __name__ == "__main__":

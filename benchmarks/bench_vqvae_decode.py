@@ -7,7 +7,7 @@ processes hits them alike; the table gives the median and min wall-clock and the
 (user+sys) of the `repeats` rounds, and each variant's max abs difference to the plain output.
 Reference: the official code took 7.86 s for this decode on the 2-core development machine (2 threads).
 
-Run: .venv/bin/python benchmarks/bench_vqvae_decode.py [--repeats 3] [--threads 2] [--ends-only]
+Run: .venv/bin/python benchmarks/bench_vqvae_decode.py [--repeats 3] [--threads 2] [--ends-only] [--fhat sampled]
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from trainlab.models.var import VAR, VARConfig
 from trainlab.models.vqvae import VQVAE, VQVAEConfig
 from trainlab.models.vqvae_blocks import AttnBlock, Upsample
+from trainlab.sample import generate
 
 OFFICIAL_SECONDS = 7.86  # ../shared/reference/var.md, section 6
 
@@ -82,6 +84,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--ends-only", action="store_true", help="only the plain and the fully optimised variants")
+    parser.add_argument(
+        "--fhat",
+        choices=("sampled", "random-tokens"),
+        default="random-tokens",
+        help="decode the f_hat of a d4 VAR sample (official init, seed 0, cfg 1.5, top-k 900, top-p 0.95: the "
+        "reference's protocol) or of uniformly random tokens",
+    )
     args = parser.parse_args()
     variants = [VARIANTS[0], VARIANTS[-1]] if args.ends_only else VARIANTS
     torch.set_num_threads(args.threads)
@@ -89,9 +98,16 @@ def main() -> None:
 
     model = VQVAE(VQVAEConfig.official()).freeze()
     quantizer = model.quantize
-    idx_list = [torch.randint(0, quantizer.vocab_size, (args.batch, pn * pn)) for pn in quantizer.patch_nums]
-    with torch.no_grad():
-        f_hat_BChw = quantizer.idx_to_fhat(idx_list)  # a "sampled" f_hat: random tokens through the quantizer
+    if args.fhat == "sampled":
+        var = VAR(VARConfig.from_depth(4)).eval()
+        labels = [1, 207, 360, 980][: args.batch] + [0] * max(0, args.batch - 4)
+        with torch.no_grad():
+            f_hat_BChw = generate(var, model, labels, seed=0, cfg=1.5, top_k=900, top_p=0.95).f_hat
+    else:
+        idx_list = [torch.randint(0, quantizer.vocab_size, (args.batch, pn * pn)) for pn in quantizer.patch_nums]
+        with torch.no_grad():
+            f_hat_BChw = quantizer.idx_to_fhat(idx_list)  # uniformly random tokens through the quantizer
+    print(f"f_hat: {args.fhat}, mean {f_hat_BChw.mean():.3f}, std {f_hat_BChw.std():.3f}")
 
     def run(v: Variant) -> Callable[[], torch.Tensor]:
         def call() -> torch.Tensor:
@@ -119,7 +135,8 @@ def main() -> None:
     base = statistics.median(walls[plain])
     base_cpu = statistics.median(cpus[plain])
     print(
-        f"\nVQVAE ch=160 decode, B={args.batch}, fp32, CPU, {args.threads} threads, torch {torch.__version__}; "
+        f"\nVQVAE ch=160 decode of a {args.fhat} f_hat, B={args.batch}, fp32, CPU, {args.threads} threads, "
+        f"torch {torch.__version__}; "
         f"{args.repeats} interleaved rounds; 1-min load average {load_before:.1f} -> {load_after:.1f} "
         f"on {os.cpu_count()} CPUs\n"
     )

@@ -86,3 +86,21 @@ def test_shipped_tokenizer_config_is_the_demo_tokenizer() -> None:
             different[key] = (value, ours)
     assert not different
     assert set(shipped) - ignored <= set(demo)
+
+
+def test_interrupted_stage_exits_130_with_a_resume_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM / Ctrl-C inside a stage: the engine saved last.pt; the demo stops there and says how to continue."""
+    import trainlab.demo as demo_module
+    from trainlab.commands.demo import main
+    from trainlab.engine.loop import FitResult, Trainer
+    from trainlab.evaluate.digit_classifier import DigitJudge
+
+    monkeypatch.setattr(demo_module, "_judge", lambda demo, device: DigitJudge().eval())
+    monkeypatch.setattr(Trainer, "fit", lambda self: FitResult("interrupted", 5, 0, [], {}))
+    code = main(["--quick", "--run-dir", str(tmp_path / "demo"), "--progress", "false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 130
+    assert "interrupted during tokenizer training at step 5" in err[-1] and "run `trainlab demo` again" in err[-1]
+    assert not (tmp_path / "demo" / "report.json").exists()

@@ -87,3 +87,66 @@ def test_two_processes_equal_one_process(tmp_path: Path, python: str, run_env: d
     ]
     losses_two = [r["loss"] for r in rows if r["kind"] == "train"]  # averaged across ranks
     assert losses_two == __import__("pytest").approx(losses_one, rel=1e-5)
+
+
+COUNT_NO_SYNC = """
+import contextlib, json, os, sys
+from torch.nn.parallel import DistributedDataParallel
+from trainlab.cli import main
+
+entered = {"no_sync": 0, "forward_in_no_sync": 0}
+inside = [False]
+original_no_sync, original_forward = DistributedDataParallel.no_sync, DistributedDataParallel.forward
+
+@contextlib.contextmanager
+def counting_no_sync(self):
+    entered["no_sync"] += 1
+    inside[0] = True
+    with original_no_sync(self):
+        yield
+    inside[0] = False
+
+def counting_forward(self, *args, **kwargs):
+    entered["forward_in_no_sync"] += inside[0]
+    return original_forward(self, *args, **kwargs)
+
+DistributedDataParallel.no_sync = counting_no_sync
+DistributedDataParallel.forward = counting_forward
+code = main(sys.argv[1:])
+with open(os.path.join(os.environ["COUNT_DIR"], f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump(entered, f)
+sys.exit(code)
+"""
+
+
+def test_ddp_accumulation_runs_early_micro_steps_in_no_sync(
+    tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    """2 processes x 2 micro-steps x 4 = 1 process x 16; the first micro-step's forward and backward skip the
+    all-reduce (inside `no_sync`), once per optimizer step on every rank."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    script = tmp_path / "count_no_sync.py"
+    script.write_text(COUNT_NO_SYNC)
+    subprocess.run(
+        [python, "-m", "trainlab", *COMMON, "--run-dir", str(one)],
+        env=run_env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    launched = subprocess.run(
+        [*torchrun, *COMMON, "--grad-accumulation", "2", "--run-dir", str(two)],
+        env={**run_env, "COUNT_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    a = load_checkpoint(one / "ckpt" / "last.pt")["models"]["model"]
+    b = load_checkpoint(two / "ckpt" / "last.pt")["models"]["model"]
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5)
+    for rank in (0, 1):
+        counts = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert counts == {"no_sync": 5, "forward_in_no_sync": 5}, (rank, counts)  # 5 optimizer steps
