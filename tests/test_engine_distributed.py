@@ -35,6 +35,17 @@ COMMON = [
 ]
 
 
+def _train_one_process(python: str, run_dir: Path, env: dict[str, str]) -> None:
+    """The reference: the same run in one process, global batch 16, no accumulation."""
+    subprocess.run(
+        [python, "-m", "trainlab", *COMMON, "--run-dir", str(run_dir)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
 def test_single_process_creates_no_process_group(tmp_path: Path) -> None:
     trainer = Trainer(ToyRecipe(ToyConfig(run_dir=tmp_path, num_samples=32, batch_size=16, tensorboard=False)))
     trainer.fit()
@@ -46,13 +57,7 @@ def test_single_process_creates_no_process_group(tmp_path: Path) -> None:
 
 def test_two_processes_equal_one_process(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run(
-        [python, "-m", "trainlab", *COMMON, "--run-dir", str(one)],
-        env=run_env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    _train_one_process(python, one, run_env)
     launched = subprocess.run(
         [
             python,
@@ -127,13 +132,7 @@ def test_ddp_accumulation_runs_early_micro_steps_in_no_sync(
     one, two = tmp_path / "one", tmp_path / "two"
     script = tmp_path / "count_no_sync.py"
     script.write_text(COUNT_NO_SYNC)
-    subprocess.run(
-        [python, "-m", "trainlab", *COMMON, "--run-dir", str(one)],
-        env=run_env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    _train_one_process(python, one, run_env)
     torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     launched = subprocess.run(
         [*torchrun, *COMMON, "--grad-accumulation", "2", "--run-dir", str(two)],
