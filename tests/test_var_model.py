@@ -287,3 +287,19 @@ def test_loader_errors(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="does not fit VAR") as excinfo:
         load_official(vae_path, tmp_path / "wide.pth")
     assert "\n" not in str(excinfo.value)
+
+
+def test_trainlab_run_checkpoints_are_unwrapped(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """`ckpt/last.pt` of a tokenizer run (VQVAE + discriminator) and of a VAR run load as --vae / --var."""
+    vae_path, var_path = debug_pair
+    vae_sd, var_sd = torch.load(vae_path, weights_only=True), torch.load(var_path, weights_only=True)
+    disc_sd = {"main.0.weight": torch.zeros(4, 3, 4, 4)}
+    tok_run = {"format": "trainlab-checkpoint", "step": 3, "models": {"vqvae": vae_sd, "discriminator": disc_sd}}
+    var_run = {"format": "trainlab-checkpoint", "step": 5, "models": {"var": var_sd}}
+    torch.save(tok_run, tmp_path / "tok_last.pt")
+    torch.save(var_run, tmp_path / "var_last.pt")
+    vqvae, var = load_official(tmp_path / "tok_last.pt", tmp_path / "var_last.pt")
+    assert torch.equal(var.head.weight, var_sd["head.weight"])
+    assert torch.equal(vqvae.quant_conv.weight, vae_sd["quant_conv.weight"])
+    with pytest.raises(UsageError, match="holds no VAR model"):
+        load_official(tmp_path / "tok_last.pt", tmp_path / "tok_last.pt")
