@@ -10,7 +10,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("TRAINLAB_SHARED", REPO.parent / "shared"))  # reference material
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

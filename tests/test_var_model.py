@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from trainlab.models.var_loading import build_var, export_official, infer_var_co
 
 # Shape legend: B batch, L tokens, l tokens of one scale, C width, V vocab, Cv code width.
 
-FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "var_official_d4.pt"
+SHARED = Path(os.environ.get("TRAINLAB_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
 
 
 @pytest.fixture(scope="module")

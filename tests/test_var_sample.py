@@ -3,6 +3,7 @@ checks, and the `trainlab sample` command on a tiny checkpoint pair."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from trainlab.sample import (
 vqvae_mod = pytest.importorskip(
     "trainlab.models.vqvae", reason="the VQVAE tokenizer (trainlab.models.vqvae) is missing"
 )
-FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "var_official_d4.pt"
+SHARED = Path(os.environ.get("TRAINLAB_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from trainlab.models.vqvae_blocks import AttnBlock, Upsample
 
 # Shape legend: B batch, C code channels, h/w latent side, V vocab, L total tokens.
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = Path(os.environ.get("TRAINLAB_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
 SPEC = SHARED / "specs" / "var-checkpoint-format.md"
 
