@@ -102,14 +102,22 @@ def _plot(ax: Axes, run_dir: Path, kind: str, key: str, label: str, **style: obj
 
 
 def _legend(*axes: Axes) -> None:
-    """One legend on the first axis for the lines of all of them (an axis and its twin)."""
+    """One legend, below the plot (never over a curve), for the lines of all the axes (an axis and its twin)."""
     handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
-    axes[0].legend(handles, [str(h.get_label()) for h in handles], loc="center right", fontsize=8)
+    axes[0].legend(
+        handles,
+        [str(h.get_label()) for h in handles],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+    )
 
 
 def training_curves(path: Path, tokenizer_run: Path, var_run: Path) -> Path:
     """Left: the tokenizer's pixel and VQ losses (and held-out PSNR); right: VAR's token cross-entropy and accuracy."""
-    fig = Figure(figsize=(11, 3.8))
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
     ax_tok, ax_var = fig.subplots(1, 2)
     _plot(ax_tok, tokenizer_run, "train", "generator/pixel_loss", "L1 pixel loss (train)", color="C0")
     _plot(ax_tok, tokenizer_run, "train", "generator/vq_loss", "VQ commitment loss (train)", color="C1")
@@ -136,7 +144,6 @@ def training_curves(path: Path, tokenizer_run: Path, var_run: Path) -> Path:
     _legend(ax_var, *twins_var)
     for ax in (ax_tok, ax_var):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
     return _save(fig, path)
 
 
