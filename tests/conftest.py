@@ -5,14 +5,25 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TRAINLAB_SHARED", REPO.parent / "shared"))  # reference material
+VAR_FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def fx() -> dict[str, Any]:
+    """The official VAR code's d4 parity fixture (inputs and outputs of every stage); skips the test without it."""
+    if not VAR_FIXTURE.is_file():
+        pytest.skip(f"official parity fixture {VAR_FIXTURE} absent (set TRAINLAB_SHARED=/path/to/shared)")
+    fixture: dict[str, Any] = torch.load(VAR_FIXTURE, map_location="cpu", weights_only=False)  # our own file
+    return fixture
 
 
 @pytest.fixture

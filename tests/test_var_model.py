@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +13,9 @@ from trainlab.errors import UsageError
 from trainlab.models.var import PATCH_NUMS_512, VAR, VARConfig, token_loss
 from trainlab.models.var_blocks import AdaLNSelfAttn
 from trainlab.models.var_loading import build_var, export_official, infer_var_config, load_official, read_state_dict
+from trainlab.models.vqvae import VQVAE, VQVAEConfig
 
 # Shape legend: B batch, L tokens, l tokens of one scale, C width, V vocab, Cv code width.
-
-SHARED = Path(os.environ.get("TRAINLAB_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
-
-
-@pytest.fixture(scope="module")
-def fx() -> dict[str, Any]:
-    if not FIXTURE.is_file():
-        pytest.skip(f"official parity fixture not found at {FIXTURE}")
-    return torch.load(FIXTURE, map_location="cpu", weights_only=False)
 
 
 @pytest.fixture(scope="module")
@@ -246,9 +236,8 @@ def test_export_round_trip_is_exact(tmp_path: Path, suffix: str) -> None:
 
 @pytest.fixture
 def debug_pair(tmp_path: Path) -> tuple[Path, Path]:
-    vqvae_mod = pytest.importorskip("trainlab.models.vqvae", reason="the VQVAE tokenizer has not landed yet")
     torch.manual_seed(0)
-    vae = export_official(vqvae_mod.VQVAE(vqvae_mod.VQVAEConfig.debug()), tmp_path / "vae.pth")
+    vae = export_official(VQVAE(VQVAEConfig.debug()), tmp_path / "vae.pth")
     var = export_official(_debug_var(), tmp_path / "var.pth")
     return vae, var
 

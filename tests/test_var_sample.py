@@ -3,7 +3,6 @@ checks, and the `trainlab sample` command on a tiny checkpoint pair."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from PIL import Image
 from trainlab.errors import UsageError
 from trainlab.models.var import VAR, VARConfig
 from trainlab.models.var_loading import export_official
+from trainlab.models.vqvae import VQVAE, VQVAEConfig
 from trainlab.sample import (
     cpu_multinomial_is_exponential_argmax,
     filter_top_k_top_p_,
@@ -26,30 +26,17 @@ from trainlab.sample import (
 
 # Shape legend: B images, l tokens of one scale, V vocab, N images in total.
 
-vqvae_mod = pytest.importorskip(
-    "trainlab.models.vqvae", reason="the VQVAE tokenizer (trainlab.models.vqvae) is missing"
-)
-SHARED = Path(os.environ.get("TRAINLAB_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
-
-
-@pytest.fixture(scope="module")
-def fx() -> dict[str, Any]:
-    if not FIXTURE.is_file():
-        pytest.skip(f"official parity fixture not found at {FIXTURE}")
-    return torch.load(FIXTURE, map_location="cpu", weights_only=False)
-
 
 @pytest.fixture(scope="module")
 def debug_models() -> tuple[Any, VAR]:
     torch.manual_seed(0)
-    return vqvae_mod.VQVAE(vqvae_mod.VQVAEConfig.debug()).freeze(), VAR(VARConfig.debug()).eval()
+    return VQVAE(VQVAEConfig.debug()).freeze(), VAR(VARConfig.debug()).eval()
 
 
 def test_seeded_sample_matches_official(fx: dict[str, Any]) -> None:
     var = VAR(VARConfig.from_depth(4))
     var.load_state_dict(fx["var_state_dict"], strict=True)
-    vqvae = vqvae_mod.VQVAE.from_state_dict(fx["vae_state_dict"]).freeze()
+    vqvae = VQVAE.from_state_dict(fx["vae_state_dict"]).freeze()
     args = fx["meta"]["ar_args"]
     assert (args["g_seed"], args["cfg"], args["top_k"], args["top_p"]) == (0, 1.5, 900, 0.95)
     guided: dict[int, torch.Tensor] = {}
@@ -129,9 +116,9 @@ def test_sample_api_and_validation(debug_models: tuple[Any, VAR]) -> None:
         call: dict[str, Any] = {"labels_B": [1], "seed": 0, "cfg": 1.5, "top_k": 5, "top_p": 0.9, **kwargs}
         with pytest.raises(UsageError, match=pattern):
             sample_tokens(var, vqvae, **call)
-    other = vqvae_mod.VQVAE(vqvae_mod.VQVAEConfig(**{**vars(vqvae_mod.VQVAEConfig.debug()), "vocab_size": 32}))
+    other = VQVAE(VQVAEConfig(**{**vars(VQVAEConfig.debug()), "vocab_size": 32}))
     with pytest.raises(UsageError, match="does not match VAR"):
-        sample_tokens(var, vqvae_mod.VQVAE.freeze(other), [1], seed=0)
+        sample_tokens(var, VQVAE.freeze(other), [1], seed=0)
     assert not var.kv_cache_enabled
     with pytest.raises(RuntimeError, match="enable_kv_cache"):
         var.forward_cached(torch.zeros(1, 1, var.embed_dim), torch.zeros(1, var.embed_dim))

@@ -22,7 +22,6 @@ from trainlab.models.vqvae_blocks import AttnBlock, Upsample
 # Shape legend: B batch, C code channels, h/w latent side, V vocab, L total tokens.
 
 SHARED = Path(os.environ.get("TRAINLAB_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
 SPEC = SHARED / "specs" / "var-checkpoint-format.md"
 
 
@@ -252,10 +251,8 @@ def test_infer_config_round_trip_and_patch_nums_rule(debug_vqvae: VQVAE) -> None
 
 
 @pytest.fixture(scope="module")
-def official() -> dict[str, Any]:
-    if not FIXTURE.exists():
-        pytest.skip(f"parity fixture {FIXTURE} absent")
-    return torch.load(FIXTURE, map_location="cpu", weights_only=False)
+def official(fx: dict[str, Any]) -> dict[str, Any]:
+    return fx
 
 
 @pytest.fixture(scope="module")
