@@ -94,6 +94,23 @@ def test_debug_check_passes_and_exports_official_format(tmp_path: Path) -> None:
     assert "cross_entropy_scale_3" in rows[0] and "val_cross_entropy_scale_0" in _rows(run, "eval")[-1]
 
 
+def test_init_from_official_weights_loads_them_strictly(tmp_path: Path) -> None:
+    """Fine-tuning: `--init-from var_d*.pth` (official format) replaces the fresh init; a wrong depth names the fix."""
+    from trainlab.models.var_loading import export_official
+
+    _, source = _built(tmp_path / "source")
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(torch.randn_like(p))  # anything but the seed's init
+    export_official(source, tmp_path / "var_official.pth")
+    _, tuned = _built(tmp_path / "tuned", init_from=str(tmp_path / "var_official.pth"))
+    for key, value in source.state_dict().items():
+        assert torch.equal(tuned.state_dict()[key], value), key
+    deeper = dataclasses.replace(_cfg(tmp_path / "deeper"), depth=3, init_from=str(tmp_path / "var_official.pth"))
+    with pytest.raises(UsageError, match="has depth=2 but this run builds 3; set --depth 2"):
+        VARRecipe(deeper).build(CPU)
+
+
 # ------------------------------------------------------------------------------------------------- the loss
 
 
