@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torchvision.utils import make_grid
 
-from trainlab.report.plots import DPI, read_metrics
+from trainlab.report.plots import DPI, latest_rows, read_metrics
 
 _PAD = 2
 
@@ -87,12 +87,8 @@ def reconstruction_grid(
 
 def _curve(run_dir: Path, kind: str, key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of `key` in rows of `kind`; a resumed run's repeated steps keep the later row."""
-    by_step: dict[int, float] = {}
-    for row in read_metrics(run_dir):
-        if row.get("kind") == kind and isinstance(row.get(key), (int, float)):
-            by_step[int(row["step"])] = float(row[key])
-    steps = np.array(sorted(by_step), dtype=float)
-    return steps, np.array([by_step[int(s)] for s in steps])
+    rows = [r for r in latest_rows(read_metrics(run_dir), kind, "step") if isinstance(r.get(key), (int, float))]
+    return np.array([r["step"] for r in rows], dtype=float), np.array([float(r[key]) for r in rows])
 
 
 def _plot(ax: Axes, run_dir: Path, kind: str, key: str, label: str, **style: object) -> None:

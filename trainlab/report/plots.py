@@ -111,7 +111,7 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     return config
 
 
-def _latest(rows: Iterable[dict[str, Any]], kind: str, x_key: str) -> list[dict[str, Any]]:
+def latest_rows(rows: Iterable[dict[str, Any]], kind: str, x_key: str) -> list[dict[str, Any]]:
     """Rows of one kind, one per `x_key` value (the last written wins), sorted by it."""
     by_x: dict[int, dict[str, Any]] = {}
     for row in rows:
@@ -151,8 +151,8 @@ def load_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     config = read_config(run_dir)
-    train = [{**r, "_x": r["step"]} for r in _latest(rows, "train", "step")]
-    evals = [{**r, "_x": r["epoch"]} for r in _latest(rows, "eval", "epoch")]
+    train = [{**r, "_x": r["step"]} for r in latest_rows(rows, "train", "step")]
+    evals = [{**r, "_x": r["epoch"]} for r in latest_rows(rows, "eval", "epoch")]
     summaries = [r for r in rows if r["kind"] == "summary"]
     summary = dict(summaries[-1]) if summaries else {}
     loss_steps, loss = _series(train, "loss")
