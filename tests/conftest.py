@@ -40,3 +40,12 @@ def run_env() -> dict[str, str]:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite tests/assets/golden_losses.json from this run (say why behaviour changed in the commit)",
+    )
