@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from trainlab.data.digits import load_digits_dataset
-from trainlab.evaluate.digit_classifier import DEMO_EPOCHS, accuracy, train_judge
+from trainlab.demo.judge import DEMO_EPOCHS, accuracy, train_judge
 
 
 def main() -> None:

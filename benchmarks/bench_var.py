@@ -7,7 +7,7 @@ baseline run in the same process (interleaved, so machine load hits both alike).
 Cases (random weights with the official init; the reference timings of the official code on the 2-core development
 machine are in ../shared/reference/var.md section 6):
   sample_d4  d4, B=4 labels, cfg=1.5, top_k=900, top_p=0.95, seed 0; VAR + sampling + f_hat, no VQVAE decode
-             (official: 1.06 s). Ours = `trainlab.sample.generate`; the baseline follows the official algorithm:
+             (official: 1.06 s). Ours = `models.var.sample.generate`; the baseline follows the official algorithm:
              concatenating KV cache, head on 2B rows then CFG on logits, full-vocabulary sort for top-p,
              `torch.multinomial`. Both must give identical tokens.
   train_d4 / train_d8  B=8, train-mode forward + CE (1/L weights) + backward + clip 2.0 + fused AdamW step, tokens
@@ -30,10 +30,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from trainlab.models.var import VAR, VARConfig, token_loss
-from trainlab.models.var_blocks import MAX_LOG_SCALE_MUL, AdaLNSelfAttn, SelfAttention
-from trainlab.models.vqvae import VQVAE, VQVAEConfig
-from trainlab.sample import filter_top_k_top_p_, generate
+from trainlab.models.var.blocks import MAX_LOG_SCALE_MUL, AdaLNSelfAttn, SelfAttention
+from trainlab.models.var.sample import filter_top_k_top_p_, generate
+from trainlab.models.var.transformer import VAR, VARConfig, token_loss
+from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
 # Shape legend: B batch, L tokens, l tokens of one scale, C width, H heads, K head dim, V vocab, Cv code width.
 

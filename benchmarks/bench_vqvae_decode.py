@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainlab.models.var import VAR, VARConfig
-from trainlab.models.vqvae import VQVAE, VQVAEConfig
-from trainlab.models.vqvae_blocks import AttnBlock, Upsample
-from trainlab.sample import generate
+from trainlab.models.var.sample import generate
+from trainlab.models.var.transformer import VAR, VARConfig
+from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
+from trainlab.models.var.vqvae_blocks import AttnBlock, Upsample
 
 OFFICIAL_SECONDS = 7.86  # ../shared/reference/var.md, section 6
 

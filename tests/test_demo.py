@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from trainlab.config import to_dict
-from trainlab.demo import REPORT_KEYS, DemoConfig, tokenizer_config
+from trainlab.demo.pipeline import REPORT_KEYS, DemoConfig, tokenizer_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,10 +92,10 @@ def test_interrupted_stage_exits_130_with_a_resume_hint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SIGTERM / Ctrl-C inside a stage: the engine saved last.pt; the demo stops there and says how to continue."""
-    import trainlab.demo as demo_module
+    import trainlab.demo.pipeline as demo_module
     from trainlab.commands.demo import main
+    from trainlab.demo.judge import DigitJudge
     from trainlab.engine.loop import FitResult, Trainer
-    from trainlab.evaluate.digit_classifier import DigitJudge
 
     monkeypatch.setattr(demo_module, "_judge", lambda demo, device: DigitJudge().eval())
     monkeypatch.setattr(Trainer, "fit", lambda self: FitResult("interrupted", 5, 0, [], {}))

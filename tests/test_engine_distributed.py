@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from trainlab.engine import dist
+from trainlab import dist
 from trainlab.engine.checkpoint import load_checkpoint
 from trainlab.engine.loop import Trainer
 from trainlab.recipes.toy import ToyConfig, ToyRecipe

@@ -14,8 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from trainlab.data.digits import DigitsData, load_digits_dataset
-from trainlab.errors import UsageError
-from trainlab.evaluate.digit_classifier import (
+from trainlab.demo.judge import (
     DigitJudge,
     accuracy,
     conditional_accuracy,
@@ -24,6 +23,7 @@ from trainlab.evaluate.digit_classifier import (
     save_judge,
     train_judge,
 )
+from trainlab.errors import UsageError
 from trainlab.evaluate.fid import feature_statistics, fid_from_features, frechet_distance
 from trainlab.evaluate.psnr import psnr, psnr_from_mse
 

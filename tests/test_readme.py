@@ -19,9 +19,9 @@ def test_the_readme_has_python_snippets() -> None:
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
 def test_readme_snippet_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainlab.models.var import VAR, VARConfig
-    from trainlab.models.var_loading import export_official
-    from trainlab.models.vqvae import VQVAE, VQVAEConfig
+    from trainlab.models.var.loading import export_official
+    from trainlab.models.var.transformer import VAR, VARConfig
+    from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
     torch.manual_seed(0)  # tiny stand-ins under the official file names
     export_official(VQVAE(VQVAEConfig.debug()), tmp_path / "vae_ch160v4096z32.pth")

@@ -22,7 +22,8 @@ from trainlab.engine.recipe import TrainConfig
 from trainlab.errors import UsageError
 from trainlab.losses.gan import adaptive_gan_weight, discriminator_loss, generator_loss
 from trainlab.losses.perceptual import VGG16_TAPS, PerceptualLoss, load_perceptual_loss, vgg16_features
-from trainlab.models.codebook import (
+from trainlab.models.discriminator import PatchDiscriminator
+from trainlab.models.var.codebook import (
     DeadCodeTracker,
     EMACodebook,
     assignment_sums,
@@ -30,8 +31,7 @@ from trainlab.models.codebook import (
     restart_codes_,
     scale_residuals,
 )
-from trainlab.models.discriminator import PatchDiscriminator
-from trainlab.models.quantizer import MultiScaleQuantizer
+from trainlab.models.var.quantizer import MultiScaleQuantizer
 from trainlab.recipes.tokenizer import TokenizerConfig, TokenizerRecipe
 
 REPO = Path(__file__).resolve().parents[1]

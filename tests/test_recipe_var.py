@@ -29,7 +29,7 @@ from trainlab.data.token_cache import (
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.errors import UsageError
-from trainlab.models.var import VAR, VARConfig
+from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.recipes.var import (
     EXPORT_PTH,
     EXPORT_SAFETENSORS,
@@ -73,7 +73,7 @@ def test_debug_check_passes_and_exports_official_format(tmp_path: Path) -> None:
     report = run_debug_check(VARRecipe, VARRecipe(cfg), tmp_path / "debug")
     assert report.passed, report.line()
     run = tmp_path / "debug" / "resumed"
-    from trainlab.models.var_loading import build_var, read_state_dict
+    from trainlab.models.var.loading import build_var, read_state_dict
 
     final = torch.load(run / "ckpt" / "last.pt", weights_only=True)["models"]["var"]
     for name in (EXPORT_PTH, EXPORT_SAFETENSORS):
@@ -96,7 +96,7 @@ def test_debug_check_passes_and_exports_official_format(tmp_path: Path) -> None:
 
 def test_init_from_official_weights_loads_them_strictly(tmp_path: Path) -> None:
     """Fine-tuning: `--init-from var_d*.pth` (official format) replaces the fresh init; a wrong depth names the fix."""
-    from trainlab.models.var_loading import export_official
+    from trainlab.models.var.loading import export_official
 
     _, source = _built(tmp_path / "source")
     with torch.no_grad():
@@ -231,7 +231,7 @@ def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
 
 
 def test_tokenizer_loads_from_a_tokenizer_run_checkpoint_and_checks_its_preset(tmp_path: Path) -> None:
-    from trainlab.models.vqvae import VQVAE
+    from trainlab.models.var.vqvae import VQVAE
     from trainlab.recipes.var import DIGITS_TOKENIZER
 
     torch.manual_seed(0)

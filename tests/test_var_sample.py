@@ -12,10 +12,8 @@ import torch
 from PIL import Image
 
 from trainlab.errors import UsageError
-from trainlab.models.var import VAR, VARConfig
-from trainlab.models.var_loading import export_official
-from trainlab.models.vqvae import VQVAE, VQVAEConfig
-from trainlab.sample import (
+from trainlab.models.var.loading import export_official
+from trainlab.models.var.sample import (
     cpu_multinomial_is_exponential_argmax,
     filter_top_k_top_p_,
     generate,
@@ -23,6 +21,8 @@ from trainlab.sample import (
     sample_scale,
     sample_tokens,
 )
+from trainlab.models.var.transformer import VAR, VARConfig
+from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
 # Shape legend: B images, l tokens of one scale, V vocab, N images in total.
 

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.errors import UsageError
-from trainlab.models.quantizer import MultiScaleQuantizer, phi_index_table
-from trainlab.models.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
-from trainlab.models.vqvae_blocks import AttnBlock, Upsample
+from trainlab.models.var.quantizer import MultiScaleQuantizer, phi_index_table
+from trainlab.models.var.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
+from trainlab.models.var.vqvae_blocks import AttnBlock, Upsample
 
 # Shape legend: B batch, C code channels, h/w latent side, V vocab, L total tokens.
 

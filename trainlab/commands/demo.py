@@ -8,7 +8,7 @@ from trainlab.config import parse
 
 
 def main(argv: list[str]) -> int:
-    from trainlab.demo import DemoConfig, DemoInterrupted, render_markdown, run_demo
+    from trainlab.demo.pipeline import DemoConfig, DemoInterrupted, render_markdown, run_demo
 
     config = parse(DemoConfig, argv, prog="trainlab demo")
     try:

@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from trainlab.models.var_loading import load_official
-    from trainlab.sample import check_sampling_options, generate
+    from trainlab.models.var.loading import load_official
+    from trainlab.models.var.sample import check_sampling_options, generate
 
     check_sampling_options(args.cfg, args.top_k, args.top_p)
     vqvae, var = load_official(args.vae, args.var)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from trainlab import dist
 from trainlab.config import parse
-from trainlab.engine import dist
 from trainlab.errors import UsageError
 from trainlab.recipes import get_recipe, list_recipes
 

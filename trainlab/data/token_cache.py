@@ -44,8 +44,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from trainlab import dist
 from trainlab.data.image_folder import augment_draws
-from trainlab.engine import dist
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainlab import dist
 from trainlab.config import to_dict
-from trainlab.engine import dist
 from trainlab.engine.checkpoint import atomic_copy, atomic_save, check_compatible, load_checkpoint
 from trainlab.engine.data import StepBatchSampler, build_loader
 from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize

@@ -1,1 +1,1 @@
-"""Pure `nn.Module` models: the VAR multi-scale VQVAE tokenizer (`vqvae`, `quantizer`, `vqvae_blocks`), and more."""
+"""Pure `nn.Module` models: CIFAR VGG / ResNet (`registry`), the PatchGAN discriminator, and the VAR family (`var/`)."""

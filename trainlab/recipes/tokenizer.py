@@ -19,7 +19,7 @@ in two separate calls (as in taming; with BatchNorm each call has its own batch 
 
 Codebook: "vq" trains the codebook by gradient (codebook + beta * commitment loss, in the quantizer); "ema" freezes the
 codebook parameter and updates it by exponential moving averages of the encoder residuals assigned to each code
-(`trainlab.models.codebook`), summed over processes so every rank keeps the same codebook. `dead_code_steps` > 0
+(`trainlab.models.var.codebook`), summed over processes so every rank keeps the same codebook. `dead_code_steps` > 0
 re-initialises codes unused for that many optimizer steps from random encoder vectors of the current batch (drawn on
 rank 0, broadcast). With gradient accumulation the EMA and restarts act once per micro-batch.
 
@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from trainlab import dist
 from trainlab.config import option
-from trainlab.engine import dist
 from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -48,7 +48,8 @@ from trainlab.evaluate.fid import feature_statistics, frechet_distance
 from trainlab.evaluate.psnr import psnr
 from trainlab.losses.gan import GanLossKind, adaptive_gan_weight, discriminator_loss, generator_loss
 from trainlab.losses.perceptual import PerceptualLoss, load_perceptual_loss
-from trainlab.models.codebook import (
+from trainlab.models.discriminator import NormKind, PatchDiscriminator
+from trainlab.models.var.codebook import (
     DeadCodeTracker,
     EMACodebook,
     assignment_sums,
@@ -57,8 +58,7 @@ from trainlab.models.codebook import (
     scale_residuals,
     usage_from_counts,
 )
-from trainlab.models.discriminator import NormKind, PatchDiscriminator
-from trainlab.models.vqvae import PATCH_NUMS_256, VQVAE, VQVAEConfig
+from trainlab.models.var.vqvae import PATCH_NUMS_256, VQVAE, VQVAEConfig
 
 log = logging.getLogger(__name__)
 

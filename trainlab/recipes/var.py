@@ -81,8 +81,8 @@ from trainlab.data.token_cache import (
 from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
-from trainlab.models.var import PATCH_NUMS_256, VAR, VARConfig
-from trainlab.models.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
+from trainlab.models.var.transformer import PATCH_NUMS_256, VAR, VARConfig
+from trainlab.models.var.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
 
 log = logging.getLogger(__name__)
 
@@ -826,7 +826,7 @@ class VARRecipe(Recipe):
 
 def _load_official_var(var: VAR, path: Path) -> None:
     """Strictly load official `var_d*.pth` weights into `var` (one-line UsageError when they do not fit)."""
-    from trainlab.models.var_loading import infer_var_config, read_state_dict
+    from trainlab.models.var.loading import infer_var_config, read_state_dict
 
     state = read_state_dict(path, "VAR")
     found = infer_var_config(state, var.cfg.patch_nums)
@@ -846,12 +846,12 @@ def _load_official_var(var: VAR, path: Path) -> None:
 def export_var(var: VAR, run_dir: Path) -> tuple[Path, Path]:
     """Write `var_export.pth` and `var_export.safetensors` (official state_dict format, atomic) into `run_dir`.
 
-    Both load with `trainlab.models.var_loading.load_official` / `trainlab sample` and the official code.
+    Both load with `trainlab.models.var.loading.load_official` / `trainlab sample` and the official code.
 
     Returns:
         The two paths.
     """
-    from trainlab.models.var_loading import export_official
+    from trainlab.models.var.loading import export_official
 
     run_dir = Path(run_dir)
     paths = export_official(var, run_dir / EXPORT_PTH), export_official(var, run_dir / EXPORT_SAFETENSORS)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainlab.models.quantizer import MultiScaleQuantizer
+from trainlab.models.var.quantizer import MultiScaleQuantizer
 
 # Shape legend: B batch, C code channels, h/w latent side, pn scale side, V vocab size, N tokens (B*pn*pn) of one
 # scale, M tokens of all scales, S scales.

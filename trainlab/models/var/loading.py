@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from trainlab.errors import UsageError
-from trainlab.models.var import VAR, VARConfig
-from trainlab.models.vqvae import VQVAE, infer_vqvae_config
+from trainlab.models.var.transformer import VAR, VARConfig
+from trainlab.models.var.vqvae import VQVAE, infer_vqvae_config
 
 # Shape legend: L tokens (all scales), C width, K number of scales.
 

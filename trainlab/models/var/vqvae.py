@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from trainlab.errors import UsageError
-from trainlab.models.quantizer import MultiScaleQuantizer
-from trainlab.models.vqvae_blocks import AttnBlock, Decoder, Encoder, Upsample
+from trainlab.models.var.quantizer import MultiScaleQuantizer
+from trainlab.models.var.vqvae_blocks import AttnBlock, Decoder, Encoder, Upsample
 
 # Shape legend: B batch, H/W image side, C = z_channels (Cvae), h/w latent side = H / downsample, pn scale side.
 

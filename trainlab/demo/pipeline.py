@@ -31,10 +31,8 @@ import torch
 
 from trainlab.config import option, to_dict
 from trainlab.data.digits import NUM_CLASSES, load_digits_dataset, split_halves
-from trainlab.engine.loop import Trainer
-from trainlab.engine.schedule import ScheduleConfig
-from trainlab.errors import UsageError
-from trainlab.evaluate.digit_classifier import (
+from trainlab.demo import figures as demo_figures
+from trainlab.demo.judge import (
     DEMO_EPOCHS,
     DigitJudge,
     accuracy,
@@ -44,14 +42,16 @@ from trainlab.evaluate.digit_classifier import (
     save_judge,
     train_judge,
 )
+from trainlab.engine.loop import Trainer
+from trainlab.engine.schedule import ScheduleConfig
+from trainlab.errors import UsageError
 from trainlab.evaluate.fid import fid_from_features
 from trainlab.evaluate.psnr import psnr
-from trainlab.models.var import VAR
-from trainlab.models.vqvae import VQVAE
+from trainlab.models.var.sample import sample_images
+from trainlab.models.var.transformer import VAR
+from trainlab.models.var.vqvae import VQVAE
 from trainlab.recipes.tokenizer import TokenizerConfig, TokenizerRecipe
 from trainlab.recipes.var import VARRecipe, VARTrainConfig
-from trainlab.report import demo_figures
-from trainlab.sample import sample_images
 
 log = logging.getLogger(__name__)
 

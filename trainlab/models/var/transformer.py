@@ -3,7 +3,7 @@
 The model predicts all tokens of scale k at once from the class token and the tokenizer's accumulated f_hat of
 scales < k (block-causal attention, AdaLN conditioned on the class embedding). It is numerically the official
 FoundationVision/VAR model and loads the released `var_d16.pth` ... `var_d36.pth` state_dicts with strict key
-matching (see `trainlab.models.var_loading`). Sampling lives in `trainlab.sample`; this file holds only the model.
+matching (see `loading`). Sampling lives in `sample`; this file holds only the model.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from trainlab.errors import UsageError
-from trainlab.models.var_blocks import AdaLNBeforeHead, AdaLNSelfAttn, AttnSegment, StaticKVCache
+from trainlab.models.var.blocks import AdaLNBeforeHead, AdaLNSelfAttn, AttnSegment, StaticKVCache
 
 # Shape legend: B batch, L tokens (all scales, sum of pn^2), l tokens of one scale, C width (embed_dim), D condition
 # width (= C), Cv tokenizer code width (vae_embed_dim), V vocab size, K number of scales.

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from trainlab.errors import UsageError
-from trainlab.models.var import VAR
-from trainlab.models.vqvae import VQVAE
+from trainlab.models.var.transformer import VAR
+from trainlab.models.var.vqvae import VQVAE
 
 # Shape legend: B images, l = pn^2 tokens of one scale, N = B * l rows, V vocab, k top-k candidates, Cv code width,
 # h/w latent side.
