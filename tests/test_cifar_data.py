@@ -137,7 +137,7 @@ def test_pad_crop_flip_matches_torchvision() -> None:
 def test_eval_dataset_is_plain_normalisation(fake_root: Path) -> None:
     raw = load_cifar10(fake_root, train=False)
     ds = CifarAugmentDataset.from_cifar10(raw, augment=False)
-    x_3HW, label = ds[5]
+    x_3HW, label = ds[5]["image"], ds[5]["label"]
     expected = TF.normalize(
         TF.to_dtype(torch.from_numpy(raw.data[5]).permute(2, 0, 1), torch.float32, scale=True),
         list(CIFAR10_MEAN),
@@ -154,20 +154,20 @@ def test_augmentation_depends_only_on_seed_epoch_index(fake_root: Path) -> None:
     b = CifarAugmentDataset.from_cifar10(raw, augment=True, seed=7)
     torch.manual_seed(123)  # global RNG state must not matter
     a.set_epoch(2)
-    x_a = torch.stack([a[i][0] for i in range(20)])
+    x_a = torch.stack([a[i]["image"] for i in range(20)])
     b.set_epoch(5)
     _ = [b[i] for i in range(20)]  # a different history
     torch.manual_seed(999)
     b.set_epoch(2)
-    x_b = torch.stack([b[i][0] for i in reversed(range(20))]).flip(0)
+    x_b = torch.stack([b[i]["image"] for i in reversed(range(20))]).flip(0)
     assert torch.equal(x_a, x_b)
     a.set_epoch(3)
-    x_next = torch.stack([a[i][0] for i in range(20)])
+    x_next = torch.stack([a[i]["image"] for i in range(20)])
     assert sum(not torch.equal(x_a[i], x_next[i]) for i in range(20)) >= 15
-    assert not torch.equal(a[0][0], a[1][0])
+    assert not torch.equal(a[0]["image"], a[1]["image"])
     c = CifarAugmentDataset.from_cifar10(raw, augment=True, seed=8)
     c.set_epoch(2)
-    assert sum(not torch.equal(x_a[i], c[i][0]) for i in range(20)) >= 15
+    assert sum(not torch.equal(x_a[i], c[i]["image"]) for i in range(20)) >= 15
 
 
 def _epochs(ds: CifarAugmentDataset, **loader_kwargs: object) -> list[torch.Tensor]:
@@ -175,7 +175,7 @@ def _epochs(ds: CifarAugmentDataset, **loader_kwargs: object) -> list[torch.Tens
     out = []
     for epoch in (0, 1):
         ds.set_epoch(epoch)
-        out.append(torch.cat([x for x, _ in loader]))
+        out.append(torch.cat([batch["image"] for batch in loader]))
     return out
 
 
@@ -199,13 +199,15 @@ def test_fake_data_is_learnable(fake_root: Path) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(4):
         train.set_epoch(epoch)
-        for x_B3HW, y_B in DataLoader(train, batch_size=20, shuffle=True):
+        for batch in DataLoader(train, batch_size=20, shuffle=True):
+            x_B3HW, y_B = batch["image"], batch["label"]
             loss = torch.nn.functional.cross_entropy(model(x_B3HW), y_B)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
     model.eval()
-    x_B3HW, y_B = next(iter(DataLoader(test, batch_size=len(test))))
+    batch = next(iter(DataLoader(test, batch_size=len(test))))
+    x_B3HW, y_B = batch["image"], batch["label"]
     with torch.no_grad():
         accuracy = (model(x_B3HW).argmax(-1) == y_B).float().mean().item()
     assert accuracy > 0.3, f"accuracy {accuracy:.2f} is not clearly above chance (0.10)"

@@ -107,7 +107,8 @@ def test_split_halves_are_disjoint_stratified_and_deterministic() -> None:
 
 def test_dataset_works_with_a_dataloader() -> None:
     heldout = load_digits_dataset(split="heldout")
-    img_B3HW, label_B = next(iter(DataLoader(heldout, batch_size=32, shuffle=False)))
+    batch = next(iter(DataLoader(heldout, batch_size=32, shuffle=False)))
+    img_B3HW, label_B = batch["image"], batch["label"]
     assert img_B3HW.shape == (32, 3, 16, 16) and label_B.dtype == torch.int64
     assert torch.equal(img_B3HW, heldout.images_N3HW[:32]) and torch.equal(label_B, heldout.labels_N[:32])
     assert len(heldout) == 1000

@@ -14,6 +14,7 @@ from torch import nn
 from trainlab.engine.checkpoint import atomic_save, load_checkpoint
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
+from trainlab.engine.recipe import StepInfo
 from trainlab.errors import UsageError
 from trainlab.recipes.toy import ToyConfig, ToyRecipe
 
@@ -77,10 +78,10 @@ def test_best_is_a_copy_of_last(tmp_path: Path) -> None:
 
 def test_crash_never_overwrites_last_good_checkpoint(tmp_path: Path) -> None:
     class Crashing(ToyRecipe):
-        def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
-            if step == 5:
+        def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, info: StepInfo) -> dict[str, Any]:
+            if info.step == 5:
                 raise RuntimeError("simulated crash")
-            return super().train_step(models, batch, phase, step)
+            return super().train_step(models, batch, phase, info)
 
     trainer = Trainer(Crashing(_config(tmp_path, checkpoint_every=2)))
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -9,6 +9,7 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from trainlab.cli import main
 from trainlab.config import load_yaml, parse
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
-from trainlab.engine.recipe import TrainConfig
+from trainlab.engine.recipe import StepInfo, TrainConfig
 from trainlab.errors import UsageError
 from trainlab.losses.gan import adaptive_gan_weight, discriminator_loss, generator_loss
 from trainlab.losses.perceptual import VGG16_TAPS, PerceptualLoss, load_perceptual_loss, vgg16_features
@@ -58,8 +59,8 @@ def _micro(cfg: TrainConfig, **kw: object) -> TrainConfig:
 class MicroTokenizerRecipe(TokenizerRecipe):
     """Debug check under dynamic loss scaling (one GradScaler per phase), EMA codebook, vanilla GAN loss."""
 
-    def debug_config(self) -> TrainConfig:
-        return _micro(
+    def debug_config(self) -> TokenizerConfig:
+        return _micro(  # type: ignore[return-value]
             super().debug_config(),
             precision="bf16-amp-scale",
             codebook_mode="ema",
@@ -76,6 +77,50 @@ def _base(run_dir: Path, **kw: object) -> TokenizerConfig:
 
 
 # ------------------------------------------------------------------------------------------- engine-level
+@pytest.mark.parametrize("codebook_mode", ["ema", "vq"])
+def test_accumulation_is_the_large_batch_for_the_codebook_too(tmp_path: Path, codebook_mode: str) -> None:
+    """4 micro-batches of 2 == one batch of 8: the same gradients, and the EMA codebook and dead-code restarts act
+    once per optimizer step on the statistics of all micro-batches (no GAN, so no BatchNorm batch statistics).
+
+    Parameters are compared through the codebook and the first step's gradients: biases right before a GroupNorm
+    get pure rounding noise as gradients, which Adam turns into lr-sized steps, so comparing every weight after
+    Adam would test that noise."""
+
+    def run(accumulation: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[float]]:
+        cfg = _base(
+            tmp_path / f"acc{accumulation}",
+            codebook_mode=codebook_mode,
+            discriminator_weight=0.0,
+            dead_code_steps=1,
+            fake_size=24,
+            batch_size=8,
+            grad_accumulation=accumulation,
+        )
+        trainer = Trainer(TokenizerRecipe(cfg))
+        vqvae, optimizer = trainer.parts.models["vqvae"], trainer.phases[0].optimizer
+        grads: dict[str, torch.Tensor] = {}
+        original_step = optimizer.step
+
+        def spy_step(*args: Any, **kwargs: Any) -> Any:
+            if not grads:
+                grads.update({n: p.grad.clone() for n, p in vqvae.named_parameters() if p.grad is not None})
+            return original_step(*args, **kwargs)
+
+        optimizer.step = spy_step  # type: ignore[method-assign]
+        trainer.fit(stop_at_step=3)
+        rows = [json.loads(x) for x in (tmp_path / f"acc{accumulation}" / "metrics.jsonl").read_text().splitlines()]
+        restarted = [r["generator/codes_restarted"] for r in rows if r["kind"] == "train"]
+        return vqvae.quantize.embedding.weight.detach().clone(), grads, restarted
+
+    codebook_big, grads_big, restarted_big = run(1)
+    codebook_acc, grads_acc, restarted_acc = run(4)
+    assert restarted_big == restarted_acc and sum(restarted_big) > 0  # restarts happened, the same number of them
+    torch.testing.assert_close(codebook_acc, codebook_big, rtol=1e-4, atol=1e-5)
+    total_big = torch.cat([g.flatten() for g in grads_big.values()]).norm()
+    total_diff = torch.cat([(grads_acc[n] - g).flatten() for n, g in grads_big.items()]).norm()
+    assert float(total_diff / total_big) < 1e-5
+
+
 def test_debug_check_is_bit_exact_with_discriminator_starting_mid_run(tmp_path: Path) -> None:
     recipe = TokenizerRecipe(TokenizerConfig(run_dir=tmp_path, tensorboard=False, progress=False, device="cpu"))
     report = run_debug_check(TokenizerRecipe, recipe, tmp_path / "debug")
@@ -269,9 +314,12 @@ def test_perceptual_and_rfid_are_off_without_weights_and_say_so_once(
     assert caplog.text.count("perceptual loss off: no --perceptual-weights given") == 1
     assert "rFID off: no --inception-weights given" in caplog.text
     # with a perceptual network the generator's reconstruction loss is pixel + weight * perceptual
-    recipe.perceptual = PerceptualLoss(nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU()), taps=(1,))
-    out = recipe.train_step(parts.models, (torch.rand(2, 3, 8, 8) * 2 - 1,), "generator", 0)
-    expected = out["pixel_loss"] + recipe.cfg.perceptual_loss_weight * out["perceptual_loss"]
+    assert parts.frozen == {}
+    perceptual = PerceptualLoss(nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU()), taps=(1,))
+    models = {**parts.models, "perceptual": perceptual}
+    batch = {"image": torch.rand(2, 3, 8, 8) * 2 - 1}
+    out = recipe.train_step(models, batch, "generator", StepInfo(step=0, total_steps=1, steps_per_epoch=1))
+    expected = out["pixel_loss"] + recipe.config.perceptual_loss_weight * out["perceptual_loss"]
     assert torch.allclose(out["recon_loss"], expected) and out["perceptual_loss"] > 0
 
 
@@ -284,10 +332,10 @@ def test_image_folder_is_resized_center_cropped_and_scaled(tmp_path: Path) -> No
         pixels = (torch.rand(12, 20, 3) * 255).to(torch.uint8).numpy()
         Image.fromarray(pixels).save(tmp_path / "data" / split / name / "img.png")
     cfg = _base(tmp_path, dataset="image-folder", data_root=tmp_path / "data")
-    parts = TokenizerRecipe(cfg).build(torch.device("cpu"))
-    sample = parts.train_dataset[0]
-    img = sample["image"] if isinstance(sample, dict) else sample[0]
-    assert img.shape == (3, 16, 16) and img.min() >= -1 and img.max() <= 1 and len(parts.train_dataset) == 2  # type: ignore[arg-type]
+    recipe = TokenizerRecipe(cfg)
+    train = recipe.build_data(recipe.build(torch.device("cpu")), torch.device("cpu"))
+    img = train[0]["image"]
+    assert img.shape == (3, 16, 16) and img.min() >= -1 and img.max() <= 1 and len(train) == 2  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -329,8 +377,10 @@ def test_rfid_with_local_inception_weights(tmp_path: Path, monkeypatch: pytest.M
     cfg = _micro(_base(tmp_path, inception_weights=str(tmp_path / "inception.pth")), eval_size=6)
     recipe = TokenizerRecipe(cfg)
     parts = recipe.build(torch.device("cpu"))
-    for m in parts.models.values():
+    recipe.build_data(parts, torch.device("cpu"))
+    assert set(parts.frozen) == {"inception"}
+    for m in [*parts.models.values(), *parts.frozen.values()]:
         m.eval()
     with torch.no_grad():
-        metrics = recipe.evaluate(parts.models, torch.device("cpu"), epoch=1)
+        metrics = recipe.evaluate({**parts.models, **parts.frozen}, torch.device("cpu"), epoch=1)
     assert "rfid" in metrics and metrics["psnr"] > 0

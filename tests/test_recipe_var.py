@@ -17,6 +17,8 @@ from PIL import Image
 from trainlab.cli import main
 from trainlab.config import load_yaml, parse
 from trainlab.data.image_folder import ImageFolderDataset, scan_image_folder
+from trainlab.data.synthetic import class_gradient_images
+from trainlab.data.tensors import TensorImageDataset
 from trainlab.data.token_cache import (
     TokenCacheDataset,
     TokenCacheSpec,
@@ -28,8 +30,10 @@ from trainlab.data.token_cache import (
 )
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
+from trainlab.engine.recipe import StepInfo
 from trainlab.errors import UsageError
 from trainlab.models.var.transformer import VAR, VARConfig
+from trainlab.models.var.vqvae import VQVAE
 from trainlab.recipes.var import (
     EXPORT_PTH,
     EXPORT_SAFETENSORS,
@@ -37,7 +41,6 @@ from trainlab.recipes.var import (
     VARRecipe,
     VARTrainConfig,
     export_run,
-    fake_images,
     load_tokenizer,
     no_weight_decay,
     param_groups,
@@ -98,12 +101,12 @@ def test_init_from_official_weights_loads_them_strictly(tmp_path: Path) -> None:
     """Fine-tuning: `--init-from var_d*.pth` (official format) replaces the fresh init; a wrong depth names the fix."""
     from trainlab.models.var.loading import export_official
 
-    _, source = _built(tmp_path / "source")
+    _, source, _ = _built(tmp_path / "source")
     with torch.no_grad():
         for p in source.parameters():
             p.add_(torch.randn_like(p))  # anything but the seed's init
     export_official(source, tmp_path / "var_official.pth")
-    _, tuned = _built(tmp_path / "tuned", init_from=str(tmp_path / "var_official.pth"))
+    _, tuned, _ = _built(tmp_path / "tuned", init_from=str(tmp_path / "var_official.pth"))
     for key, value in source.state_dict().items():
         assert torch.equal(tuned.state_dict()[key], value), key
     deeper = dataclasses.replace(_cfg(tmp_path / "deeper"), depth=3, init_from=str(tmp_path / "var_official.pth"))
@@ -114,23 +117,27 @@ def test_init_from_official_weights_loads_them_strictly(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------- the loss
 
 
-def _built(tmp_path: Path, **kw: object) -> tuple[VARRecipe, VAR]:
+STEP0 = StepInfo(step=0, total_steps=1, steps_per_epoch=1)
+
+
+def _built(tmp_path: Path, **kw: object) -> tuple[VARRecipe, VAR, VQVAE]:
+    """The recipe, its VAR (eval: no class dropout, so the forward is deterministic) and its frozen tokenizer."""
     recipe = VARRecipe(_cfg(tmp_path, **kw))
     torch.manual_seed(0)
-    var = recipe.build(CPU).models["var"]
-    assert isinstance(var, VAR)
-    return recipe, var.eval()  # eval: no class dropout, so the forward is deterministic
+    parts = recipe.build(CPU)
+    var, tokenizer = parts.models["var"], parts.frozen["tokenizer"]
+    assert isinstance(var, VAR) and isinstance(tokenizer, VQVAE)
+    return recipe, var.eval(), tokenizer
 
 
 def test_loss_equals_hand_computed_mean_token_cross_entropy(tmp_path: Path) -> None:
-    recipe, var = _built(tmp_path)
+    recipe, var, tokenizer = _built(tmp_path)
     img_B3HW, label_B = _images(), torch.tensor([0, 3, 3, 9])
-    out = recipe.train_step({"var": var}, {"image": img_B3HW, "label": label_B}, "main", step=0)
+    out = recipe.train_step({"var": var, "tokenizer": tokenizer}, {"image": img_B3HW, "label": label_B}, "main", STEP0)
 
-    assert recipe.tokenizer is not None
-    idx_list = recipe.tokenizer.img_to_idx(img_B3HW)
+    idx_list = tokenizer.img_to_idx(img_B3HW)
     target_BL = torch.cat(idx_list, dim=1)
-    logits_BLV = var(label_B, recipe.tokenizer.quantize.idx_to_var_input(idx_list))
+    logits_BLV = var(label_B, tokenizer.quantize.idx_to_var_input(idx_list))
     B, L, V = logits_BLV.shape
     assert (B, L, V) == (4, 30, 64)
     nll_BL = logits_BLV.logsumexp(-1) - logits_BLV.gather(-1, target_BL.unsqueeze(-1)).squeeze(-1)
@@ -142,24 +149,23 @@ def test_loss_equals_hand_computed_mean_token_cross_entropy(tmp_path: Path) -> N
     assert float(out["token_accuracy_scale_1"]) == pytest.approx(float(correct_BL[:, 1:5].mean()))
     out["loss"].backward()  # the loss carries gradients to VAR only
     assert var.head.weight.grad is not None
-    assert all(p.grad is None for p in recipe.tokenizer.parameters())
+    assert all(p.grad is None for p in tokenizer.parameters())
 
 
 def test_label_smoothing_changes_the_loss_but_not_the_logged_cross_entropy(tmp_path: Path) -> None:
-    plain, var = _built(tmp_path / "a")
+    plain, var, tokenizer = _built(tmp_path / "a")
     with torch.no_grad():
         var.head.weight.mul_(200.0)  # peaked predictions (at init they are near-uniform, where smoothing is moot)
     smooth = VARRecipe(_cfg(tmp_path / "b", label_smoothing=0.1))
-    smooth.tokenizer = plain.tokenizer  # same frozen tokenizer and the same VAR weights
+    models = {"var": var, "tokenizer": tokenizer}  # same frozen tokenizer and the same VAR weights
     batch = {"image": _images(), "label": torch.tensor([1, 2, 3, 4])}
-    a = plain.train_step({"var": var}, batch, "main", step=0)
-    b = smooth.train_step({"var": var}, batch, "main", step=0)
+    a = plain.train_step(models, batch, "main", STEP0)
+    b = smooth.train_step(models, batch, "main", STEP0)
     assert float(b["cross_entropy_mean"]) == float(a["cross_entropy_mean"]) == pytest.approx(float(a["loss"].detach()))
     assert abs(float(b["loss"].detach()) - float(a["loss"].detach())) > 0.05
 
-    assert plain.tokenizer is not None
-    idx_list = plain.tokenizer.img_to_idx(batch["image"])
-    logits_BLV = var(batch["label"], plain.tokenizer.quantize.idx_to_var_input(idx_list))
+    idx_list = tokenizer.img_to_idx(batch["image"])
+    logits_BLV = var(batch["label"], tokenizer.quantize.idx_to_var_input(idx_list))
     logp_BLV = logits_BLV.log_softmax(-1)
     nll_BL = -logp_BLV.gather(-1, torch.cat(idx_list, 1).unsqueeze(-1)).squeeze(-1)
     smoothed = (0.9 * nll_BL + 0.1 * -logp_BLV.mean(-1)).mean()  # torch's definition of label smoothing
@@ -206,7 +212,7 @@ def test_learning_rate_is_base_times_batch_over_256(tmp_path: Path) -> None:
 
 def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
     tokenizer = load_tokenizer("", "debug", PATCH_NUMS, seed=0)
-    data = fake_images(24, 16, 4, seed=0)
+    data = TensorImageDataset(*class_gradient_images(24, 16, 4, seed=0))
     desc = {"kind": "fake", "size": 24}
     spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 64, desc)
     cache = build_token_cache(tmp_path / "c", spec, [data], tokenizer, device=CPU, batch_size=5)

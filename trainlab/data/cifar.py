@@ -193,7 +193,7 @@ def pad_crop_flip(
     return out_3HW.flip(-1) if flip else out_3HW.contiguous()
 
 
-class CifarAugmentDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class CifarAugmentDataset(Dataset[dict[str, torch.Tensor]]):
     """CIFAR images as normalised float tensors, with deterministic per-(seed, epoch, index) augmentation.
 
     Call `set_epoch(epoch)` before iterating the loader for that epoch (before `iter(loader)`). The epoch lives in
@@ -248,11 +248,11 @@ class CifarAugmentDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __len__(self) -> int:
         return len(self.images_NHW3)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (image float32 (3, H, W) normalised, label int64 scalar)."""
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        """Returns {"image": float32 (3, H, W) normalised, "label": int64 scalar}."""
         img_3HW = torch.from_numpy(self.images_NHW3[index]).permute(2, 0, 1)
         if self.augment:
             top, left, flip = augment_params(self.seed, self.epoch, index)
             img_3HW = pad_crop_flip(img_3HW, top, left, flip)
         x_3HW = img_3HW.to(torch.float32).div_(255.0).sub_(self.mean_311).div_(self.std_311)
-        return x_3HW, self.labels_N[index].clone()
+        return {"image": x_3HW, "label": self.labels_N[index].clone()}

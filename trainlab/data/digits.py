@@ -51,8 +51,8 @@ _BORDER_CROP = 2  # MNIST centres a 20x20 box in 28x28; the outer 2 px hold 0.3%
 
 
 @dataclass(frozen=True, eq=False)
-class DigitsData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """A split of the bundled digits; also a map-style `Dataset` yielding `(img_3HW, label)` for a `DataLoader`.
+class DigitsData(Dataset[dict[str, torch.Tensor]]):
+    """A split of the bundled digits; also a map-style `Dataset` yielding `{"image": img_3HW, "label": label}`.
 
     Attributes:
         images_N3HW: float32 in [-1, 1], background -1, the grey value repeated on 3 channels.
@@ -67,8 +67,8 @@ class DigitsData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __len__(self) -> int:
         return int(self.labels_N.shape[0])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.images_N3HW[index], self.labels_N[index]
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"image": self.images_N3HW[index], "label": self.labels_N[index]}
 
     @property
     def resolution(self) -> int:

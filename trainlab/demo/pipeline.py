@@ -246,8 +246,8 @@ def run_demo(demo: DemoConfig) -> dict[str, Any]:
     _timed(seconds, "var", lambda: _fit(var_trainer, "VAR"))
 
     var = var_trainer.parts.models["var"]
-    vqvae = var_recipe.tokenizer
-    assert isinstance(var, VAR) and vqvae is not None
+    vqvae = var_trainer.parts.frozen["tokenizer"]
+    assert isinstance(var, VAR) and isinstance(vqvae, VQVAE)
     samples_N3HW, labels_N = _timed(seconds, "sampling", lambda: _sample(var, vqvae, demo))
 
     def evaluate() -> dict[str, Any]:

@@ -1,17 +1,18 @@
-"""The training loop every recipe runs on.
+"""The training loop every recipe runs on: set-up, epochs, evaluation and best/last checkpoints, logging.
 
-One optimizer step = `grad_accumulation` micro-steps per phase. Micro-steps before the last run inside DDP's
-`no_sync` (forward and backward); the loss is divided by the number of micro-steps; then, once: unscale, clip
-(the norm is always a finite float or the step is reported as skipped), optimizer step, scaler update, schedule.
+`Trainer(recipe).fit()` is the whole public API. Set-up: device and precision (both logged), the process group
+under torchrun (none in one process), `recipe.build` (models, frozen models, optimizers), `recipe.build_data`, the
+seeded resumable sampler, loss scalers and schedules. One optimizer step is `engine.step.StepRunner.run`:
+`grad_accumulation` micro-steps per phase, then once unscale, clip, step, scaler update, the recipe's
+`after_optimizer_step`. At each epoch end: evaluation (rank 0), `ckpt/last.pt` and, when the recipe's best metric
+improved, `ckpt/best.pt`. SIGTERM / Ctrl-C finish the current step, save and return "interrupted".
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,13 @@ from trainlab.engine.checkpoint import atomic_copy, atomic_save, check_compatibl
 from trainlab.engine.data import StepBatchSampler, build_loader
 from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.metrics import MetricsLogger, progress
-from trainlab.engine.precision import LossScaler, Precision, check_device_support, grad_norm_, only_requires_grad
-from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.engine.precision import LossScaler, Precision, check_device_support
+from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.runinfo import prepare_run_dir, write_config
 from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import rng_state, seed_everything, set_deterministic, set_rng_state
 from trainlab.engine.signals import graceful_stop
+from trainlab.engine.step import StepRunner
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -54,16 +56,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def move_to(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: move_to(v, device) for k, v in batch.items()}
-    return batch
-
-
 @dataclass
 class Progress:
     step: int = 0  # optimizer steps done
@@ -84,7 +76,7 @@ class FitResult:
 class Trainer:
     """Runs a recipe. Single process needs no process group; under torchrun every rank builds a Trainer."""
 
-    def __init__(self, recipe: Recipe, *, write_outputs: bool = True) -> None:
+    def __init__(self, recipe: Recipe[Any], *, write_outputs: bool = True) -> None:
         self.recipe = recipe
         self.config: TrainConfig = recipe.config
         cfg = self.config
@@ -116,12 +108,15 @@ class Trainer:
         for name, model in self.parts.models.items():
             self.precision.prepare_model(model, keep_batchnorm_fp32=cfg.keep_batchnorm_fp32)
             self.parts.models[name] = model.to(self.device)
+        for name, model in self.parts.frozen.items():
+            self.parts.frozen[name] = model.to(self.device).eval().requires_grad_(False)
         self.phases: list[Phase] = self.parts.phases
         if not self.phases:
             raise ValueError(f"recipe {recipe.name} built no optimizer phase")
+        self.train_dataset = recipe.build_data(self.parts, self.device)
         self.world = dist.world_size()
         self.sampler = StepBatchSampler(
-            len(self.parts.train_dataset),  # type: ignore[arg-type]
+            len(self.train_dataset),  # type: ignore[arg-type]
             batch_size=cfg.batch_size,
             accumulation=cfg.grad_accumulation,
             rank=dist.rank(),
@@ -129,12 +124,11 @@ class Trainer:
             seed=cfg.seed,
         )
         self.loader = build_loader(
-            self.parts.train_dataset,
+            self.train_dataset,
             self.sampler,
             num_workers=cfg.num_workers,
             seed=cfg.seed,
             pin_memory=self.device.type == "cuda",
-            collate_fn=self.parts.collate_fn,
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = self.steps_per_epoch * cfg.epochs
@@ -145,10 +139,21 @@ class Trainer:
         }
         self.schedulers = {p.name: Scheduler(p.optimizer, cfg.schedule, self.total_steps) for p in self.phases}
         self.wrapped = self._wrap_ddp()
+        self.runner = StepRunner(
+            recipe=recipe,
+            phases=self.phases,
+            models=self.parts.models,
+            wrapped=self.wrapped,
+            frozen=self.parts.frozen,
+            scalers=self.scalers,
+            schedulers=self.schedulers,
+            precision=self.precision,
+            device=self.device,
+            clip_grad_norm=cfg.clip_grad_norm,
+        )
         self.progress = Progress()
         self._stop_at_step: int | None = None
         self._rss_at_start = 0
-        self.all_params = [p for m in self.parts.models.values() for p in m.parameters()]
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _wrap_ddp(self) -> dict[str, nn.Module]:
@@ -166,13 +171,6 @@ class Trainer:
             else:
                 wrapped[name] = model
         return wrapped
-
-    def _models_for(self, phase: Phase) -> Mapping[str, nn.Module]:
-        """Modules trained in `phase` are DDP-wrapped; the others are passed raw (no gradient sync expected)."""
-        return {n: (self.wrapped[n] if n in phase.modules else m) for n, m in self.parts.models.items()}
-
-    def _phase_params(self, phase: Phase) -> list[nn.Parameter]:
-        return [p for n in phase.modules for p in self.parts.models[n].parameters() if p.requires_grad]
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -247,66 +245,21 @@ class Trainer:
             return last if last.is_file() else None
         return Path(resume)
 
-    # ---------------------------------------------------------------------------------------------- steps
-    def _optimizer_step(self, micro_batches: list[Any]) -> dict[str, float]:
-        """One optimizer step per active phase over the same micro-batches. Returns float metrics."""
-        metrics: dict[str, float] = {}
+    def step_info(self) -> StepInfo:
+        """The `StepInfo` of the next optimizer step."""
         step = self.progress.step
-        num_micro = len(micro_batches)
-        multi = len(self.phases) > 1
-        for phase in self.phases:
-            if not self.recipe.phase_active(phase.name, step):
-                continue
-            prefix = f"{phase.name}/" if multi else ""
-            models = self._models_for(phase)
-            params = self._phase_params(phase)
-            scaler = self.scalers[phase.name]
-            lr = self.schedulers[phase.name].apply(step)
-            sums: dict[str, torch.Tensor] = {}
-            freeze = only_requires_grad(params, self.all_params) if multi else contextlib.nullcontext()
-            with freeze:
-                for i, batch in enumerate(micro_batches):
-                    sync = i == num_micro - 1
-                    with self._no_sync(phase, skip=not sync):
-                        with self.precision.autocast(self.device.type):
-                            out = self.recipe.train_step(models, batch, phase.name, step)
-                        loss = out["loss"]
-                        scaler.scale(loss / num_micro).backward()
-                    for key, value in out.items():
-                        v = value.detach().float() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-                        sums[key] = sums.get(key, 0) + v / num_micro
-            scaler.unscale_(phase.optimizer)
-            clip = self.config.clip_grad_norm if phase.clip_grad_norm is None else phase.clip_grad_norm
-            norm, finite = grad_norm_(params, clip)
-            stepped = scaler.step(phase.optimizer, finite)
-            phase.optimizer.zero_grad(set_to_none=True)
-            for key, value in sums.items():
-                metrics[prefix + key] = float(value)
-            metrics[prefix + "grad_norm"] = norm if finite else float("nan")
-            metrics[prefix + "skipped"] = 0.0 if stepped else 1.0
-            metrics[prefix + "lr"] = lr
-            if scaler.policy != "none":
-                metrics[prefix + "loss_scale"] = scaler.current_scale
-            if not stepped:
-                log.warning("step %d (%s): non-finite gradients (overflow); optimizer step skipped", step, phase.name)
-        return metrics
+        return StepInfo(
+            step=step,
+            total_steps=self.total_steps,
+            steps_per_epoch=self.steps_per_epoch,
+            epoch=self.progress.epoch,
+            log_now=self._logs_step(step + 1),
+            num_micro_steps=self.config.grad_accumulation,
+        )
 
-    def _no_sync(self, phase: Phase, skip: bool) -> contextlib.AbstractContextManager[Any]:
-        if not skip:
-            return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        for name in phase.modules:
-            module = self.wrapped[name]
-            if isinstance(module, DistributedDataParallel):
-                stack.enter_context(module.no_sync())
-        return stack
-
-    def _micro_batches(self, iterator: Iterator[Any]) -> list[Any]:
-        batches = []
-        for _ in range(self.config.grad_accumulation):
-            batch = move_to(next(iterator), self.device)
-            batches.append(self.precision.cast_input(batch))
-        return batches
+    def _logs_step(self, step: int) -> bool:
+        """Whether metrics are logged after `step` optimizer steps."""
+        return step % self.config.log_every == 0 or step == 1
 
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self, stop_at_step: int | None = None) -> FitResult:
@@ -348,6 +301,8 @@ class Trainer:
                         samples_seen += samples
                     if self.progress.step_in_epoch == 0:  # an epoch just completed
                         last_eval = self._end_of_epoch(logger) or last_eval
+            if status != "interrupted" and self._reached_end() and self.is_main:
+                self.recipe.on_fit_end({**self.parts.models, **self.parts.frozen})
             logger.log(
                 "summary",
                 self.progress.step,
@@ -358,16 +313,21 @@ class Trainer:
             logger.close()
         return FitResult(status, self.progress.step, self.progress.epoch, losses, last_eval)
 
+    def _reached_end(self) -> bool:
+        """All epochs done, or --max-steps reached (a `fit(stop_at_step=...)` stop is not an end)."""
+        cfg = self.config
+        return self.progress.epoch >= cfg.epochs or (cfg.max_steps > 0 and self.progress.step >= cfg.max_steps)
+
     def _run_epoch(self, logger: MetricsLogger, stop: Any, losses: list[float]) -> tuple[str, float | None, int]:
         cfg = self.config
         epoch = self.progress.epoch
         start = self.progress.step_in_epoch
         self.sampler.set_epoch(epoch, start_step=start)
-        set_epoch = getattr(self.parts.train_dataset, "set_epoch", None)
+        set_epoch = getattr(self.train_dataset, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
         for model in self.parts.models.values():
-            model.train()
+            model.train()  # frozen models stay in eval mode
         iterator = iter(self.loader)
         bar = progress(self.steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}", enabled=cfg.progress, initial=start)
         synchronize(self.device)
@@ -377,7 +337,7 @@ class Trainer:
         first_loss_key = "loss" if len(self.phases) == 1 else f"{self.phases[0].name}/loss"
         try:
             while self.progress.step_in_epoch < self.steps_per_epoch:
-                metrics = self._optimizer_step(self._micro_batches(iterator))
+                metrics = self.runner.run(iterator, self.step_info())
                 self.progress.step += 1
                 self.progress.step_in_epoch += 1
                 steps_done += 1
@@ -386,7 +346,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{metrics.get(first_loss_key, math.nan):.4f}")
                 if self.progress.step == 3 and cfg.memory_snapshot:
                     self._dump_memory_snapshot()
-                if self.progress.step % cfg.log_every == 0 or self.progress.step == 1:
+                if self._logs_step(self.progress.step):
                     averaged = dist.all_reduce_mean(metrics, self.device)
                     logger.log("train", self.progress.step, epoch, averaged)
                 stop_now = dist.any_rank(stop.requested, self.device)
@@ -425,7 +385,7 @@ class Trainer:
                 for model in self.parts.models.values():
                     model.eval()
                 with torch.no_grad(), self.precision.autocast(self.device.type):
-                    metrics = self.recipe.evaluate(self.parts.models, self.device, epoch)
+                    metrics = self.recipe.evaluate({**self.parts.models, **self.parts.frozen}, self.device, epoch)
             metrics = dist.broadcast_object(metrics)  # type: ignore[assignment]
             if metrics:
                 logger.log("eval", self.progress.step, epoch, metrics)

@@ -1,20 +1,34 @@
-"""The contract between the engine and a recipe.
+"""The contract between the engine and a recipe: what a recipe author writes, and what the engine calls when.
 
-A recipe is a typed config (a subclass of `TrainConfig`) plus an object with `build()` and `train_step()`. The
-engine owns everything else: devices, precision, accumulation, DDP, clipping, schedules, checkpoints, logging.
+A recipe is a typed config (a subclass of `TrainConfig`) plus a `Recipe[Config]` subclass. The engine owns everything
+else: devices, precision, accumulation, DDP, clipping, schedules, checkpoints, logging. In the order the engine calls:
+
+    build(device)            -> TrainParts: trained models, frozen models, one `Phase` (optimizer) per trained group;
+                                touches no data, so a planner can build the models and trace a step on fake tensors
+    build_data(parts, device) -> the training `Dataset` of `Batch`es (may use the frozen models, e.g. a token cache)
+    per optimizer step, per active phase, per micro-batch:
+        train_step(models, batch, phase, info) -> {"loss": scalar tensor, **metrics}
+    after each phase's optimizer.step():
+        after_optimizer_step(models, phase, info) -> extra metrics (momentum / EMA updates: once per optimizer step)
+    evaluate(models, device, epoch) -> held-out metrics (rank 0)
+    on_fit_end(models)       training reached its end (exports)
+
+`example_batch(batch_size)` returns a batch of the right shapes and dtypes without reading data (memory planning).
 
 Multi-optimizer recipes (a GAN's generator and discriminator) declare several `Phase`s. Each optimizer step runs
 the phases in order over the same micro-batches; during a phase only that phase's parameters require gradients,
-and only that phase's modules are DDP-wrapped in the mapping handed to `train_step`.
+and only that phase's modules are DDP-wrapped in the mapping handed to `train_step`. Frozen models (a tokenizer, a
+perceptual network, a judge) are in that mapping too: on the device, in eval mode, without gradients, in no
+optimizer and in no checkpoint, and never cast by the precision mode (the recipe picks their dtype).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 import torch
 from torch import nn
@@ -22,6 +36,37 @@ from torch.utils.data import Dataset
 
 from trainlab.config import option
 from trainlab.engine.schedule import ScheduleConfig
+
+Batch = dict[str, torch.Tensor]
+"""The one batch format: named tensors, e.g. {"image": img_B3HW, "label": label_B} or {"tokens": ..., "label": ...}."""
+
+PrecisionName = Literal[
+    "fp32", "fp16", "fp16-scale", "bf16", "fp16-amp", "fp16-amp-scale", "bf16-amp", "bf16-amp-scale"
+]
+PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """Where training stands, handed to every `train_step` / `after_optimizer_step` call (the engine's arithmetic).
+
+    Attributes:
+        step: index of this optimizer step (0-based: optimizer steps completed before it).
+        total_steps: optimizer steps of the whole run (epochs x steps_per_epoch, capped by --max-steps).
+        steps_per_epoch: optimizer steps in one epoch.
+        epoch: index of the current epoch (0-based).
+        log_now: whether the engine logs this step's metrics (compute expensive metrics only then).
+        micro_step: index of the micro-batch inside the optimizer step (0 .. num_micro_steps - 1).
+        num_micro_steps: micro-batches per optimizer step (--grad-accumulation).
+    """
+
+    step: int
+    total_steps: int
+    steps_per_epoch: int
+    epoch: int = 0
+    log_now: bool = True
+    micro_step: int = 0
+    num_micro_steps: int = 1
 
 
 @dataclass(kw_only=True)
@@ -31,7 +76,9 @@ class TrainConfig:
     run_dir: Path = option(Path("runs/default"), "output directory (config, metrics.jsonl, tb/, ckpt/, plots/)")
     seed: int = option(0, "one seed for init, data order and augmentation")
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda when available, else cpu; logged)")
-    precision: str = option("fp32", "fp32, fp16, fp16-scale, bf16, fp16-amp, fp16-amp-scale, bf16-amp, bf16-amp-scale")
+    precision: PrecisionName = option(
+        "fp32", "fp16/bf16: pure 16-bit weights; -amp: fp32 weights + autocast; -scale: loss scaling"
+    )
     keep_batchnorm_fp32: bool = option(True, "in pure fp16/bf16 modes keep BatchNorm weights and statistics in fp32")
     static_loss_scale: float = option(1024.0, "loss scale of the static policy (fp16-scale)")
     epochs: int = option(1, "number of epochs")
@@ -78,17 +125,25 @@ class Phase:
 
 @dataclass
 class TrainParts:
-    """What `Recipe.build` returns."""
+    """What `Recipe.build` returns: the models and optimizers, no data.
+
+    Attributes:
+        models: trained models (fp32 on `device`; the engine applies the precision mode, DDP and checkpoints them).
+        phases: one optimizer each, naming the entries of `models` it trains.
+        frozen: models used but never trained (moved to the device, eval mode, no gradients, not checkpointed).
+    """
 
     models: dict[str, nn.Module]
     phases: list[Phase]
-    train_dataset: Dataset[Any]
-    collate_fn: Callable[[list[Any]], Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    frozen: dict[str, nn.Module] = field(default_factory=dict)
 
 
-class Recipe(ABC):
-    """Base class: subclasses set `config_class`, `name`, and implement `build` and `train_step`."""
+ConfigT = TypeVar("ConfigT", bound=TrainConfig)
+
+
+class Recipe(ABC, Generic[ConfigT]):
+    """Base class: subclasses set `name`, `config_class`, and implement `build`, `build_data`, `train_step`,
+    `example_batch` and `debug_config`. `self.config` is the recipe's own typed config."""
 
     name: str = ""
     config_class: type[TrainConfig] = TrainConfig
@@ -96,32 +151,50 @@ class Recipe(ABC):
     best_mode: Literal["max", "min"] = "max"
     resume_must_match: tuple[str, ...] = ()  # config fields (besides the engine's) that a resume must keep
 
-    def __init__(self, config: TrainConfig) -> None:
-        self.config = config
+    def __init__(self, config: ConfigT) -> None:
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"recipe {self.name!r} takes a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config: ConfigT = config
 
     @abstractmethod
     def build(self, device: torch.device) -> TrainParts:
-        """Create models (on `device`, fp32), optimizers and the training dataset."""
+        """Create the models (on `device`, fp32), frozen models and optimizers. Must not read training data."""
 
     @abstractmethod
-    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
+    def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
+        """The training dataset (its items are `Batch` dicts); called after `build`, with its parts."""
+
+    @abstractmethod
+    def example_batch(self, batch_size: int) -> Batch:
+        """A batch of `batch_size` samples with the shapes and dtypes of real ones (CPU, no data read)."""
+
+    @abstractmethod
+    def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
         """Forward and loss of one micro-batch. Must return {'loss': scalar tensor, **metrics}."""
+
+    def after_optimizer_step(self, models: Mapping[str, nn.Module], phase: str, info: StepInfo) -> dict[str, float]:
+        """Called once per optimizer step of `phase`, right after `optimizer.step()` (momentum encoders, EMA
+        codebooks, code restarts). Runs on every rank; returns extra metrics of the step. Default: nothing."""
+        return {}
 
     def phase_active(self, phase: str, step: int) -> bool:
         """Whether `phase` trains at optimizer step `step` (e.g. a discriminator that starts late)."""
         return True
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
-        """Metrics on held-out data after an epoch (rank 0 only). Default: none."""
+        """Metrics on held-out data after an epoch (rank 0 only, models in eval mode). Default: none."""
         return {}
 
+    def on_fit_end(self, models: Mapping[str, nn.Module]) -> None:
+        """Training reached its last step (not called on an interruption; rank 0 only): export weights here."""
+
     @abstractmethod
-    def debug_config(self) -> TrainConfig:
+    def debug_config(self) -> ConfigT:
         """A tiny variant of `self.config` that trains in seconds on a CPU (used by --debug and tests)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Recipe state beyond models/optimizers that must survive a resume (e.g. counters)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook, default: nothing to load
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""

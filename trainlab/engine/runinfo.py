@@ -1,11 +1,13 @@
-"""What a run directory records about itself: the resolved config, git SHA and library versions."""
+"""What a run directory records about itself: the resolved config, the command line, git SHA and library versions."""
 
 from __future__ import annotations
 
 import os
 import platform
+import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,22 @@ def git_sha() -> str:
     return sha + ("-dirty" if dirty else "")
 
 
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that started this process (`sys.argv` joined with `shlex.join`), written so it can be pasted:
+    the console script as `trainlab`, `.../trainlab/__main__.py` (what `python -m trainlab` and `torchrun -m
+    trainlab` put in argv[0]) as `python -m trainlab`."""
+    args = list(sys.argv if argv is None else argv)
+    if args:
+        program = Path(args[0])
+        if program.name == "trainlab":
+            args[:1] = ["trainlab"]
+        elif program.name == "__main__.py" and program.parent.name == "trainlab":
+            args[:1] = ["python", "-m", "trainlab"]
+    return shlex.join(args)
+
+
 def environment() -> dict[str, Any]:
+    """Provenance of this process: trainlab version, git SHA, Python / torch / torchvision versions, platform, GPU."""
     import torchvision
 
     import trainlab
@@ -69,10 +86,17 @@ def prepare_run_dir(run_dir: Path) -> None:
         raise UsageError(f"run directory {run_dir} is not writable; pass a writable --run-dir")
 
 
+def _one_line(value: Any) -> str:
+    """A header comment must stay on its line: a newline (possible inside a quoted argument) is written as `\\n`."""
+    return str(value).replace("\n", "\\n")
+
+
 def write_config(run_dir: Path, recipe: str, config: dict[str, Any]) -> None:
-    """`config.yaml`: the resolved config (re-runnable with --config) plus a provenance header."""
+    """`config.yaml`: the resolved config (re-runnable with --config) under a provenance header of YAML comments
+    (recipe, command line, versions; comments, so `--config` reads the file back unchanged). `environment.yaml`: the
+    same provenance as YAML keys."""
     text = yaml.safe_dump(config, sort_keys=False)
-    env = environment()
-    header = "".join(f"# {k}: {v}\n" for k, v in {"recipe": recipe, **env}.items())
+    provenance = {"recipe": recipe, "command": command_line(), **environment()}
+    header = "".join(f"# {k}: {_one_line(v)}\n" for k, v in provenance.items())
     (run_dir / "config.yaml").write_text(header + text)
-    (run_dir / "environment.yaml").write_text(yaml.safe_dump({"recipe": recipe, **env}, sort_keys=False))
+    (run_dir / "environment.yaml").write_text(yaml.safe_dump(provenance, sort_keys=False))

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import option
 from trainlab.data.cifar import CifarAugmentDataset, load_cifar10
 from trainlab.data.fake_cifar import write_fake_cifar10
 from trainlab.engine.metrics import progress
-from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.models.registry import create_model, list_models
 
@@ -53,21 +53,19 @@ class CifarConfig(TrainConfig):
             raise UsageError(f"--eval-batch-size must be positive, got {self.eval_batch_size}")
 
 
-class CifarRecipe(Recipe):
+class CifarRecipe(Recipe[CifarConfig]):
     name = "cifar"
     config_class = CifarConfig
     best_metric = "test_accuracy"
     best_mode = "max"
     resume_must_match = ("model", "learning_rate", "epochs", "fake_data")
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: CifarConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, CifarConfig)
-        self.cfg = config
         self._test_loader: DataLoader[Any] | None = None
 
     def _root(self) -> Path:
-        c = self.cfg
+        c = self.config
         if c.fake_data > 0:
             root = c.run_dir / "fake-cifar10"
             if not (root / "cifar-10-batches-py").is_dir():
@@ -76,23 +74,27 @@ class CifarRecipe(Recipe):
         return c.data_root
 
     def build(self, device: torch.device) -> TrainParts:
-        c = self.cfg
-        root = self._root()
-        train_raw = load_cifar10(root, train=True, download=c.download)
-        test_raw = load_cifar10(root, train=False, download=False)
-        train_set = CifarAugmentDataset.from_cifar10(train_raw, augment=True, seed=c.seed)
-        test_set = CifarAugmentDataset.from_cifar10(test_raw, augment=False)
-        self._test_loader = DataLoader(test_set, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
+        c = self.config
         model = create_model(c.model, num_classes=10).to(device)
         optimizer = torch.optim.SGD(
             model.parameters(), lr=c.learning_rate, momentum=c.momentum, weight_decay=c.weight_decay
         )
-        return TrainParts(
-            models={"model": model}, phases=[Phase("main", optimizer, ["model"])], train_dataset=train_set
-        )
+        return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])])
 
-    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
-        img_B3HW, label_B = batch
+    def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
+        c = self.config
+        root = self._root()
+        train_raw = load_cifar10(root, train=True, download=c.download)
+        test_raw = load_cifar10(root, train=False, download=False)
+        test_set = CifarAugmentDataset.from_cifar10(test_raw, augment=False)
+        self._test_loader = DataLoader(test_set, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
+        return CifarAugmentDataset.from_cifar10(train_raw, augment=True, seed=c.seed)
+
+    def example_batch(self, batch_size: int) -> Batch:
+        return {"image": torch.zeros(batch_size, 3, 32, 32), "label": torch.zeros(batch_size, dtype=torch.long)}
+
+    def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        img_B3HW, label_B = batch["image"], batch["label"]
         logits_BK = models["model"](img_B3HW)
         loss = F.cross_entropy(logits_BK.float(), label_B)
         return {"loss": loss, "accuracy": (logits_BK.argmax(-1) == label_B).float().mean()}
@@ -102,9 +104,10 @@ class CifarRecipe(Recipe):
         model = models["model"]
         dtype = next(model.parameters()).dtype
         correct, total, loss_sum = 0, 0, 0.0
-        bar = progress(len(self._test_loader), f"eval epoch {epoch}", enabled=self.cfg.progress)
-        for img_B3HW, label_B in self._test_loader:
+        bar = progress(len(self._test_loader), f"eval epoch {epoch}", enabled=self.config.progress)
+        for batch in self._test_loader:
             bar.update(1)
+            img_B3HW, label_B = batch["image"], batch["label"]
             img_B3HW, label_B = img_B3HW.to(device, dtype=dtype), label_B.to(device)
             logits_BK = model(img_B3HW).float()
             loss_sum += float(F.cross_entropy(logits_BK, label_B, reduction="sum"))
@@ -113,10 +116,10 @@ class CifarRecipe(Recipe):
         bar.close()
         return {"test_accuracy": correct / total, "test_loss": loss_sum / total}
 
-    def debug_config(self) -> TrainConfig:
-        debug_model = "vgg_debug" if self.cfg.model.startswith("vgg") else "resnet_debug"
+    def debug_config(self) -> CifarConfig:
+        debug_model = "vgg_debug" if self.config.model.startswith("vgg") else "resnet_debug"
         return dataclasses.replace(
-            self.cfg,
+            self.config,
             model=debug_model,
             fake_data=128,
             batch_size=16,

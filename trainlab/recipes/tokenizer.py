@@ -21,7 +21,8 @@ Codebook: "vq" trains the codebook by gradient (codebook + beta * commitment los
 codebook parameter and updates it by exponential moving averages of the encoder residuals assigned to each code
 (`trainlab.models.var.codebook`), summed over processes so every rank keeps the same codebook. `dead_code_steps` > 0
 re-initialises codes unused for that many optimizer steps from random encoder vectors of the current batch (drawn on
-rank 0, broadcast). With gradient accumulation the EMA and restarts act once per micro-batch.
+rank 0, broadcast). Both act once per optimizer step, after the generator's optimizer step, on the statistics of all
+micro-batches of the step: `--grad-accumulation 4` is the large batch for the codebook too.
 
 Shapes: B batch, H/W image side, V vocab size, S scales.
 """
@@ -37,11 +38,13 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainlab import dist
 from trainlab.config import option
-from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.data.synthetic import smooth_noise_images
+from trainlab.data.tensors import NamedTensorDataset
+from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.evaluate.fid import feature_statistics, frechet_distance
@@ -193,13 +196,10 @@ class TokenizerConfig(TrainConfig):
 
 
 # ------------------------------------------------------------------------------------------------------ data
-def fake_images(num_images: int, image_size: int, seed: int) -> TensorDataset:
-    """Smooth random RGB images in [-1, 1] (low-resolution noise, bilinearly upsampled), label 0. For tests."""
-    g = torch.Generator().manual_seed(seed)
-    low = max(image_size // 4, 1)
-    noise_N3hw = torch.randn(num_images, 3, low, low, generator=g)
-    img_N3HW = torch.tanh(F.interpolate(noise_N3hw, size=(image_size, image_size), mode="bilinear"))
-    return TensorDataset(img_N3HW.contiguous(), torch.zeros(num_images, dtype=torch.long))
+def fake_images(num_images: int, image_size: int, seed: int) -> NamedTensorDataset:
+    """Smooth random RGB images in [-1, 1] with label 0, as {"image", "label"} samples. For tests."""
+    images_N3HW = smooth_noise_images(num_images, image_size, seed)
+    return NamedTensorDataset(image=images_N3HW, label=torch.zeros(num_images, dtype=torch.long))
 
 
 def _even_subset(data: Dataset[Any], size: int) -> Dataset[Any]:
@@ -211,12 +211,13 @@ def _even_subset(data: Dataset[Any], size: int) -> Dataset[Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- recipe
-def _images(batch: Any) -> torch.Tensor:
-    """The image tensor of a batch: digits / fake give (images, labels), image folders {"image", "label"}."""
-    if isinstance(batch, dict):
-        images: torch.Tensor = batch["image"]
-        return images
-    return batch[0] if isinstance(batch, (list, tuple)) else batch
+@dataclasses.dataclass
+class _CodebookStats:
+    """Code assignments of the micro-batches of one optimizer step (summed counts / sums, residuals per scale)."""
+
+    z_per_scale: list[list[torch.Tensor]]
+    counts_V: torch.Tensor | None = None
+    sums_VC: torch.Tensor | None = None
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
@@ -235,11 +236,18 @@ def _broadcast_from_rank0_(t: torch.Tensor) -> None:
         torch.distributed.broadcast(t, src=0)
 
 
+def _inception_features(inception: nn.Module, img_B3HW: torch.Tensor) -> torch.Tensor:
+    """torch-fidelity's 2048-d pool features of images in [-1, 1], float64 on the CPU."""
+    with torch.autocast(device_type=img_B3HW.device.type, enabled=False):
+        (feats_BD,) = inception(_to_uint8(img_B3HW))
+    return feats_BD.double().cpu()
+
+
 def _to_uint8(img_B3HW: torch.Tensor) -> torch.Tensor:
     return ((img_B3HW.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
-class TokenizerRecipe(Recipe):
+class TokenizerRecipe(Recipe[TokenizerConfig]):
     """Two phases, "generator" (the VQVAE) then "discriminator"; see the module docstring."""
 
     name = "tokenizer"
@@ -256,27 +264,26 @@ class TokenizerRecipe(Recipe):
         "discriminator_norm",
     )
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TokenizerConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, TokenizerConfig)
-        self.cfg = config
-        self.vqvae: VQVAE | None = None
-        self.perceptual: PerceptualLoss | None = None
+        self.vqvae: VQVAE | None = None  # for the quantizer's usage counter, a Python int outside its state_dict
         self.ema: EMACodebook | None = None
         self.dead_codes: DeadCodeTracker | None = None
         self.restart_generator = torch.Generator().manual_seed(config.seed + 7919)
+        self._pending: _CodebookStats | None = None  # this optimizer step's micro-batches, for the codebook
         self._heldout: Dataset[Any] | None = None
-        self._inception: nn.Module | None = None
         self._real_fid_stats: tuple[Any, Any] | None = None
-        self._captured_f: torch.Tensor | None = None
 
     # ------------------------------------------------------------------------------------------------ build
     def build(self, device: torch.device) -> TrainParts:
-        c = self.cfg
-        self.perceptual = self._build_perceptual(device)
-        self._inception = self._build_inception(device)
-        train_set, self._heldout = self._datasets()
-
+        c = self.config
+        frozen: dict[str, nn.Module] = {}
+        perceptual = self._build_perceptual()
+        if perceptual is not None:
+            frozen["perceptual"] = perceptual
+        inception = self._build_inception()
+        if inception is not None:
+            frozen["inception"] = inception
         vqvae = VQVAE(c.vqvae_config()).to(device)
         quantize = vqvae.quantize
         if c.codebook_mode == "ema":
@@ -284,8 +291,6 @@ class TokenizerRecipe(Recipe):
             self.ema = EMACodebook(quantize.embedding.weight, decay=c.ema_decay)
         if c.dead_code_steps > 0:
             self.dead_codes = DeadCodeTracker(c.vocab_size, c.dead_code_steps, device)
-        if self.ema is not None or self.dead_codes is not None:
-            quantize.register_forward_pre_hook(self._capture_features)
         self.vqvae = vqvae
         discriminator = PatchDiscriminator(
             3, c.discriminator_channels, c.discriminator_layers, norm=c.discriminator_norm
@@ -306,14 +311,19 @@ class TokenizerRecipe(Recipe):
         return TrainParts(
             models={"vqvae": vqvae, "discriminator": discriminator},
             phases=[Phase("generator", opt_g, ["vqvae"]), Phase("discriminator", opt_d, ["discriminator"])],
-            train_dataset=train_set,
+            frozen=frozen,
         )
 
-    def _capture_features(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        self._captured_f = args[0].detach()
+    def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
+        train_set, self._heldout = self._datasets()
+        return train_set
 
-    def _build_perceptual(self, device: torch.device) -> PerceptualLoss | None:
-        c = self.cfg
+    def example_batch(self, batch_size: int) -> Batch:
+        side = self.config.image_size
+        return {"image": torch.zeros(batch_size, 3, side, side), "label": torch.zeros(batch_size, dtype=torch.long)}
+
+    def _build_perceptual(self) -> PerceptualLoss | None:
+        c = self.config
         if not c.perceptual_weights:
             log.info("perceptual loss off: no --perceptual-weights given")
             return None
@@ -321,10 +331,10 @@ class TokenizerRecipe(Recipe):
         if c.perceptual_loss_weight <= 0:
             log.info("perceptual loss off: --perceptual-loss-weight is %g", c.perceptual_loss_weight)
             return None
-        return loss.to(device)
+        return loss
 
-    def _build_inception(self, device: torch.device) -> nn.Module | None:
-        c = self.cfg
+    def _build_inception(self) -> nn.Module | None:
+        c = self.config
         if not c.inception_weights:
             log.info("rFID off: no --inception-weights given (PSNR and codebook usage are still evaluated)")
             return None
@@ -352,10 +362,11 @@ class TokenizerRecipe(Recipe):
                 f"--inception-weights {path} does not fit torch-fidelity's InceptionV3 ({first})"
             ) from None
         log.info("rFID on: torch-fidelity InceptionV3 (2048-d pool features) from %s", path)
-        return extractor.to(device)
+        module: nn.Module = extractor
+        return module
 
     def _datasets(self) -> tuple[Dataset[Any], Dataset[Any]]:
-        c = self.cfg
+        c = self.config
         held_size = max(c.eval_size, 1)
         if c.dataset == "digits":
             from trainlab.data.digits import load_digits_dataset
@@ -384,42 +395,45 @@ class TokenizerRecipe(Recipe):
         return phase != "discriminator" or self._gan_on(step)
 
     def _gan_on(self, step: int) -> bool:
-        return self.cfg.discriminator_weight > 0 and step >= self.cfg.discriminator_start
+        return self.config.discriminator_weight > 0 and step >= self.config.discriminator_start
 
-    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
-        img_B3HW = _images(batch)
+    def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        img_B3HW = batch["image"]
         if phase == "generator":
-            return self._generator_step(models, img_B3HW, step)
+            return self._generator_step(models, img_B3HW, info)
         if phase == "discriminator":
             return self._discriminator_step(models, img_B3HW)
         raise ValueError(f"unknown phase {phase!r}")
 
-    def _generator_step(self, models: Mapping[str, nn.Module], img_B3HW: torch.Tensor, step: int) -> dict[str, Any]:
-        c = self.cfg
-        assert self.vqvae is not None
-        recon_B3HW, vq_loss, idx_list = models["vqvae"](img_B3HW)
+    def _generator_step(
+        self, models: Mapping[str, nn.Module], img_B3HW: torch.Tensor, info: StepInfo
+    ) -> dict[str, Any]:
+        c = self.config
+        recon_B3HW, vq_loss, idx_list, f_BChw = models["vqvae"](img_B3HW, return_features=True)
         img_f, recon_f = img_B3HW.float(), recon_B3HW.float()
         pixel_loss = F.l1_loss(recon_f, img_f) if c.reconstruction_loss == "l1" else F.mse_loss(recon_f, img_f)
         recon_loss = pixel_loss
         out: dict[str, Any] = {}
-        if self.perceptual is not None:
-            perceptual_loss = self.perceptual(img_f, recon_f).mean()
+        if "perceptual" in models:
+            perceptual_loss = models["perceptual"](img_f, recon_f).mean()
             recon_loss = recon_loss + c.perceptual_loss_weight * perceptual_loss
             out["perceptual_loss"] = perceptual_loss.detach()
         loss = recon_loss + c.codebook_weight * vq_loss
         g_loss = torch.zeros((), device=img_B3HW.device)
         weight = torch.zeros((), device=img_B3HW.device)
-        if self._gan_on(step):
+        if self._gan_on(info.step):
             logits_fake = models["discriminator"](recon_B3HW)  # D's parameters are frozen by the engine
             g_loss = generator_loss(logits_fake, c.gan_loss)
             if c.adaptive_weight:
-                last_layer = self.vqvae.decoder.conv_out.weight
+                vqvae = _unwrap(models["vqvae"])
+                assert isinstance(vqvae, VQVAE)
+                last_layer = vqvae.decoder.conv_out.weight
                 weight = adaptive_gan_weight(recon_loss, g_loss, last_layer, c.max_adaptive_weight)
             else:
                 weight = torch.ones((), device=img_B3HW.device)
             loss = loss + c.discriminator_weight * weight * g_loss
         usage = code_usage(idx_list, c.vocab_size)
-        restarted = self._maintain_codebook(idx_list, usage.counts_V, step)
+        self._collect_codebook_stats(models, f_BChw, idx_list, usage.counts_V, info)
         out.update(
             loss=loss,
             pixel_loss=pixel_loss.detach(),
@@ -431,25 +445,50 @@ class TokenizerRecipe(Recipe):
             codebook_perplexity=usage.perplexity,
             dead_codes=usage.dead_codes,
         )
-        if self.dead_codes is not None:
-            out["codes_restarted"] = float(restarted)
         return out
 
-    def _maintain_codebook(self, idx_list: Sequence[torch.Tensor], counts_V: torch.Tensor, step: int) -> int:
-        """EMA update and dead-code restart after a training forward (identical on every rank)."""
+    def _collect_codebook_stats(
+        self,
+        models: Mapping[str, nn.Module],
+        f_BChw: torch.Tensor,
+        idx_list: Sequence[torch.Tensor],
+        counts_V: torch.Tensor,
+        info: StepInfo,
+    ) -> None:
+        """Add one micro-batch's code assignments to the step's statistics (used once, after the optimizer step)."""
         if self.ema is None and self.dead_codes is None:
-            return 0
-        assert self.vqvae is not None and self._captured_f is not None
-        quantize = self.vqvae.quantize
-        weight_VC = quantize.embedding.weight
-        z_list = scale_residuals(quantize, self._captured_f)
-        self._captured_f = None
+            return
+        vqvae = _unwrap(models["vqvae"])
+        assert isinstance(vqvae, VQVAE)
+        z_list = scale_residuals(vqvae.quantize, f_BChw)
+        if info.micro_step == 0 or self._pending is None:
+            self._pending = _CodebookStats(z_per_scale=[[] for _ in z_list])
+        pending = self._pending
         if self.ema is not None:
-            counts_V, sums_VC = assignment_sums(z_list, idx_list, self.cfg.vocab_size)
-            _all_reduce_sum_(counts_V, sums_VC)
-            self.ema.update_(weight_VC, counts_V, sums_VC)
-        elif dist.world_size() > 1:
-            counts_V = counts_V.clone()
+            counts_V, sums_VC = assignment_sums(z_list, idx_list, self.config.vocab_size)
+            pending.sums_VC = sums_VC if pending.sums_VC is None else pending.sums_VC + sums_VC
+        pending.counts_V = counts_V.clone() if pending.counts_V is None else pending.counts_V + counts_V
+        for scale, z in enumerate(z_list):
+            pending.z_per_scale[scale].append(z)
+
+    def after_optimizer_step(self, models: Mapping[str, nn.Module], phase: str, info: StepInfo) -> dict[str, float]:
+        if phase != "generator" or self._pending is None:
+            return {}
+        pending, self._pending = self._pending, None
+        restarted = self._maintain_codebook(models, pending, info.step)
+        return {"codes_restarted": float(restarted)} if self.dead_codes is not None else {}
+
+    def _maintain_codebook(self, models: Mapping[str, nn.Module], stats: _CodebookStats, step: int) -> int:
+        """EMA update and dead-code restart on one optimizer step's statistics (identical on every rank)."""
+        vqvae = _unwrap(models["vqvae"])
+        assert isinstance(vqvae, VQVAE) and stats.counts_V is not None
+        weight_VC = vqvae.quantize.embedding.weight
+        counts_V = stats.counts_V
+        if self.ema is not None:
+            assert stats.sums_VC is not None
+            _all_reduce_sum_(counts_V, stats.sums_VC)
+            self.ema.update_(weight_VC, counts_V, stats.sums_VC)
+        else:
             _all_reduce_sum_(counts_V)
         if self.dead_codes is None:
             return 0
@@ -457,7 +496,8 @@ class TokenizerRecipe(Recipe):
         dead_V = self.dead_codes.dead(step)
         if not bool(dead_V.any()):
             return 0
-        restarted = restart_codes_(weight_VC, dead_V, torch.cat(z_list), self.restart_generator)
+        candidates_MC = torch.cat([torch.cat(zs) for zs in stats.z_per_scale])
+        restarted = restart_codes_(weight_VC, dead_V, candidates_MC, self.restart_generator)
         with torch.no_grad():
             _broadcast_from_rank0_(weight_VC.data)
         if self.ema is not None:
@@ -475,7 +515,7 @@ class TokenizerRecipe(Recipe):
         discriminator = models["discriminator"]
         logits_real = discriminator(img_B3HW)
         logits_fake = discriminator(recon_B3HW.to(img_B3HW.dtype))
-        d_loss = discriminator_loss(logits_real, logits_fake, self.cfg.gan_loss)
+        d_loss = discriminator_loss(logits_real, logits_fake, self.config.gan_loss)
         return {
             "loss": d_loss,
             "logits_real": logits_real.detach().float().mean(),
@@ -484,7 +524,7 @@ class TokenizerRecipe(Recipe):
 
     # -------------------------------------------------------------------------------------------- evaluation
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
-        c = self.cfg
+        c = self.config
         if c.eval_size == 0 or self._heldout is None:
             return {}
         vqvae = _unwrap(models["vqvae"])
@@ -495,33 +535,28 @@ class TokenizerRecipe(Recipe):
         counts_SV = torch.zeros(len(c.patch_nums), c.vocab_size, device=device)
         real_feats: list[torch.Tensor] = []
         fake_feats: list[torch.Tensor] = []
+        inception = models.get("inception")
         for batch in loader:
-            img_B3HW = _images(batch).to(device, dtype)
+            img_B3HW = batch["image"].to(device, dtype)
             recon_B3HW, _, idx_list = vqvae(img_B3HW)
             recon_B3HW = recon_B3HW.float().clamp(-1.0, 1.0)
             psnr_sum += psnr(recon_B3HW, img_B3HW.float(), data_range=2.0) * img_B3HW.shape[0]
             count += img_B3HW.shape[0]
             for si, idx in enumerate(idx_list):
                 counts_SV[si] += torch.bincount(idx.flatten(), minlength=c.vocab_size).float()
-            if self._inception is not None:
+            if inception is not None:
                 if self._real_fid_stats is None:
-                    real_feats.append(self._inception_features(img_B3HW))
-                fake_feats.append(self._inception_features(recon_B3HW))
+                    real_feats.append(_inception_features(inception, img_B3HW))
+                fake_feats.append(_inception_features(inception, recon_B3HW))
         metrics: dict[str, float] = {"psnr": psnr_sum / max(count, 1)}
         usage = usage_from_counts(counts_SV.sum(dim=0))
         metrics["codebook_used_pct"] = float(usage.used_frac) * 100
         metrics["codebook_perplexity"] = float(usage.perplexity)
         for si in range(len(c.patch_nums)):
             metrics[f"codebook_used_pct/s{si}"] = float((counts_SV[si] > 0).float().mean()) * 100
-        if self._inception is not None:
+        if inception is not None:
             metrics["rfid"] = self._rfid(real_feats, fake_feats)
         return metrics
-
-    def _inception_features(self, img_B3HW: torch.Tensor) -> torch.Tensor:
-        assert self._inception is not None
-        with torch.autocast(device_type=img_B3HW.device.type, enabled=False):
-            (feats_BD,) = self._inception(_to_uint8(img_B3HW))
-        return feats_BD.double().cpu()
 
     def _rfid(self, real_feats: list[torch.Tensor], fake_feats: list[torch.Tensor]) -> float:
         if self._real_fid_stats is None:
@@ -555,12 +590,12 @@ class TokenizerRecipe(Recipe):
         if self.dead_codes is not None and state.get("dead_codes") is not None:
             self.dead_codes.load_state_dict(state["dead_codes"])
 
-    def debug_config(self) -> TrainConfig:
+    def debug_config(self) -> TokenizerConfig:
         """Debug VQVAE (16 px, V=64, 4 scales) on 24 fake images, batch 4: 6 steps (the check resumes at step 3);
         D from step 2; dead-code restarts after 2 unused steps; no perceptual / rFID networks."""
         debug = VQVAEConfig.debug()
         return dataclasses.replace(
-            self.cfg,
+            self.config,
             vqvae_preset="custom",
             vocab_size=debug.vocab_size,
             z_channels=debug.z_channels,

@@ -14,10 +14,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset
 
 from trainlab.config import option
-from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.data.tensors import NamedTensorDataset
+from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 
 
 @dataclass(kw_only=True)
@@ -36,29 +37,27 @@ class ToyConfig(TrainConfig):
     step_sleep_seconds: float = option(0.0, "sleep in every step (lets tests interrupt a running job)")
 
 
-def make_clusters(num_samples: int, num_features: int, num_classes: int, seed: int) -> TensorDataset:
-    """Samples around fixed class centres (the centres do not depend on `seed`, so splits share them)."""
+def make_clusters(num_samples: int, num_features: int, num_classes: int, seed: int) -> NamedTensorDataset:
+    """Samples {"input": (D,), "label": ()} around fixed class centres (the centres do not depend on `seed`)."""
     centers_KD = torch.randn(num_classes, num_features, generator=torch.Generator().manual_seed(12345)) * 2
     g = torch.Generator().manual_seed(seed + 1)
     labels_B = torch.randint(num_classes, (num_samples,), generator=g)
     x_BD = centers_KD[labels_B] + torch.randn(num_samples, num_features, generator=g)
-    return TensorDataset(x_BD, labels_B)
+    return NamedTensorDataset(input=x_BD, label=labels_B)
 
 
-class ToyRecipe(Recipe):
+class ToyRecipe(Recipe[ToyConfig]):
     name = "toy"
     config_class = ToyConfig
     best_metric = "accuracy"
     resume_must_match = ("num_features", "num_classes", "hidden")
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: ToyConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, ToyConfig)
-        self.cfg = config
         self.eval_data = make_clusters(256, config.num_features, config.num_classes, seed=config.seed + 10_000)
 
     def build(self, device: torch.device) -> TrainParts:
-        c = self.cfg
+        c = self.config
         model = nn.Sequential(
             nn.Linear(c.num_features, c.hidden),
             nn.GELU(),
@@ -66,24 +65,33 @@ class ToyRecipe(Recipe):
             nn.Linear(c.hidden, c.num_classes),
         ).to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=c.learning_rate, momentum=0.9, weight_decay=c.weight_decay)
-        data = make_clusters(c.num_samples, c.num_features, c.num_classes, seed=c.seed)
-        return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])], train_dataset=data)
+        return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])])
 
-    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
-        x_BD, y_B = batch
-        if self.cfg.step_sleep_seconds:
+    def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
+        c = self.config
+        return make_clusters(c.num_samples, c.num_features, c.num_classes, seed=c.seed)
+
+    def example_batch(self, batch_size: int) -> Batch:
+        return {
+            "input": torch.zeros(batch_size, self.config.num_features),
+            "label": torch.zeros(batch_size, dtype=torch.long),
+        }
+
+    def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        x_BD, y_B = batch["input"], batch["label"]
+        if self.config.step_sleep_seconds:
             import time
 
-            time.sleep(self.cfg.step_sleep_seconds)
+            time.sleep(self.config.step_sleep_seconds)
         logits_BK = models["model"](x_BD)
         loss = F.cross_entropy(logits_BK.float(), y_B)
         return {"loss": loss, "accuracy": (logits_BK.argmax(-1) == y_B).float().mean()}
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
-        x_BD, y_B = (t.to(device) for t in self.eval_data.tensors)
+        x_BD, y_B = (self.eval_data.tensors[k].to(device) for k in ("input", "label"))
         dtype = next(models["model"].parameters()).dtype
         logits_BK = models["model"](x_BD.to(dtype))
         return {"accuracy": float((logits_BK.argmax(-1) == y_B).float().mean())}
 
-    def debug_config(self) -> TrainConfig:
-        return replace(self.cfg, num_samples=128, batch_size=16, epochs=2, log_every=1, debug=False)
+    def debug_config(self) -> ToyConfig:
+        return replace(self.config, num_samples=128, batch_size=16, epochs=2, log_every=1, debug=False)

@@ -68,7 +68,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import from_dict, option
-from trainlab.data.image_folder import FlipMode, ImageFolderDataset, augment_draws, scan_image_folder
+from trainlab.data.image_folder import ImageFolderDataset, scan_image_folder
+from trainlab.data.synthetic import class_gradient_images
+from trainlab.data.tensors import FlipMode, TensorImageDataset
 from trainlab.data.token_cache import (
     VARIANT_MIRRORED,
     VARIANT_PLAIN,
@@ -78,7 +80,7 @@ from trainlab.data.token_cache import (
     ensure_token_cache,
     tokenizer_sha256,
 )
-from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.models.var.transformer import PATCH_NUMS_256, VAR, VARConfig
@@ -345,44 +347,6 @@ def _check_tokenizer(cfg: VARTrainConfig, tokenizer: VQVAE) -> None:
         )
 
 
-class TensorImageDataset(Dataset[dict[str, torch.Tensor]]):
-    """In-memory images (N, 3, R, R) in [-1, 1] as `{"image", "label"}` samples, optional deterministic flips."""
-
-    def __init__(
-        self, images_N3HW: torch.Tensor, labels_N: torch.Tensor, *, flip: FlipMode = "none", seed: int = 0
-    ) -> None:
-        self.images_N3HW, self.labels_N, self.flip, self.seed = images_N3HW, labels_N.long(), flip, seed
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch.fill_(epoch)
-
-    def __len__(self) -> int:
-        return int(self.labels_N.shape[0])
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        img_3HW = self.images_N3HW[index]
-        if self.flip == "always" or (
-            self.flip == "random" and augment_draws(self.seed, int(self._epoch.item()), index)[1] & 1
-        ):
-            img_3HW = img_3HW.flip(-1)
-        return {"image": img_3HW.contiguous(), "label": self.labels_N[index].clone()}
-
-
-def fake_images(num_images: int, image_size: int, num_classes: int, seed: int) -> TensorImageDataset:
-    """Class-dependent colour gradients plus noise: learnable, deterministic, no files (tests and --debug)."""
-    g = torch.Generator().manual_seed(seed)
-    colors_K32 = torch.rand(num_classes, 3, 2, generator=torch.Generator().manual_seed(1234)) * 2 - 1
-    labels_N = torch.arange(num_images) % num_classes
-    ramp_W = torch.linspace(0, 1, image_size)
-    ramp_HW = ramp_W.view(1, -1).expand(image_size, -1)
-    start_N311 = colors_K32[labels_N, :, 0].view(-1, 3, 1, 1)
-    end_N311 = colors_K32[labels_N, :, 1].view(-1, 3, 1, 1)
-    img_N3HW = start_N311 + (end_N311 - start_N311) * ramp_HW
-    img_N3HW = img_N3HW + 0.15 * torch.randn(num_images, 3, image_size, image_size, generator=g)
-    return TensorImageDataset(img_N3HW.clamp(-1, 1), labels_N)
-
-
 @dataclasses.dataclass
 class _Split:
     """One split's image dataset, class count, and how to build its fixed-preprocessing variants for a cache."""
@@ -480,7 +444,7 @@ def token_metrics(
 # --------------------------------------------------------------------------------------------------- recipe
 
 
-class VARRecipe(Recipe):
+class VARRecipe(Recipe[VARTrainConfig]):
     name = "var"
     config_class = VARTrainConfig
     best_metric = "val_cross_entropy_last_scale"  # the official "best" checkpoint tracks the val tail loss
@@ -504,21 +468,18 @@ class VARRecipe(Recipe):
         "progressive_start_scale",
     )
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: VARTrainConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, VARTrainConfig)
-        self.cfg = config
-        self.tokenizer: VQVAE | None = None
         self.tokenizer_hash = ""
         self.train_images: Dataset[dict[str, torch.Tensor]] | None = None
         self.val_set: Dataset[dict[str, torch.Tensor]] | None = None
         self.slices = scale_slices(config.patch_nums)
         self.seq_len = sum(pn * pn for pn in config.patch_nums)
-        self.progressive: ProgressiveSchedule | None = None
+        self._progressive: tuple[int, ProgressiveSchedule] | None = None  # (total steps it was built for, schedule)
 
     # --------------------------------------------------------------------------------------------- data
     def _splits(self) -> tuple[_Split, _Split | None]:
-        c = self.cfg
+        c = self.config
         if c.dataset == "image-folder":
             train_index = scan_image_folder(c.data_root / "train")
 
@@ -571,9 +532,9 @@ class VARRecipe(Recipe):
         num_fake = min(c.num_classes, 10)
 
         def fake(num: int, seed: int, train: bool) -> _Split:
-            data = fake_images(num, c.image_size, num_fake, seed)
+            images_N3HW, labels_N = class_gradient_images(num, c.image_size, num_fake, seed)
             desc = {"kind": "fake", "size": num, "seed": seed, "image_size": c.image_size, "classes": num_fake}
-            return self._tensor_split(data.images_N3HW, data.labels_N, num_fake, desc, train=train)
+            return self._tensor_split(images_N3HW, labels_N, num_fake, desc, train=train)
 
         return fake(c.fake_num_images, c.seed, True), fake(max(c.fake_num_images // 4, 8), c.seed + 1, False)
 
@@ -586,12 +547,15 @@ class VARRecipe(Recipe):
             flips: list[FlipMode] = ["always" if v == VARIANT_MIRRORED else "none" for v in variants]
             return [TensorImageDataset(images_N3HW, labels_N, flip=f) for f in flips]
 
-        flip: FlipMode = "random" if train and self.cfg.horizontal_flip else "none"
-        return _Split(TensorImageDataset(images_N3HW, labels_N, flip=flip, seed=self.cfg.seed), num_classes, desc, make)
+        flip: FlipMode = "random" if train and self.config.horizontal_flip else "none"
+        return _Split(
+            TensorImageDataset(images_N3HW, labels_N, flip=flip, seed=self.config.seed), num_classes, desc, make
+        )
 
-    def _cached(self, split: _Split, name: str, device: torch.device, train: bool) -> Dataset[dict[str, torch.Tensor]]:
-        c = self.cfg
-        assert self.tokenizer is not None
+    def _cached(
+        self, split: _Split, name: str, tokenizer: VQVAE, device: torch.device, train: bool
+    ) -> Dataset[dict[str, torch.Tensor]]:
+        c = self.config
         variants = (VARIANT_PLAIN, VARIANT_MIRRORED) if (train and c.horizontal_flip) else (VARIANT_PLAIN,)
         desc = {k: v for k, v in split.description.items() if k not in ("crop", "flip")}
         spec = TokenCacheSpec(self.tokenizer_hash, tuple(c.patch_nums), c.vocab_size, desc, variants)
@@ -603,7 +567,7 @@ class VARRecipe(Recipe):
             base / name,
             spec,
             lambda: split.variants(variants),
-            self.tokenizer,
+            tokenizer,
             on_stale=on_stale,
             device=device,
             batch_size=c.eval_batch_size,
@@ -613,22 +577,11 @@ class VARRecipe(Recipe):
 
     # -------------------------------------------------------------------------------------------- build
     def build(self, device: torch.device) -> TrainParts:
-        c = self.cfg
-        self.tokenizer = load_tokenizer(c.tokenizer, c.tokenizer_config, c.patch_nums, seed=c.seed).to(device)
-        _check_tokenizer(c, self.tokenizer)
-        self.tokenizer_hash = tokenizer_sha256(self.tokenizer)
-        train, val = self._splits()
-        if train.num_classes > c.num_classes:
-            raise UsageError(
-                f"the dataset has {train.num_classes} classes but the model has --num-classes {c.num_classes}; "
-                f"pass --num-classes {train.num_classes} (or more)"
-            )
-        self.train_images = train.images
-        train_set = self._cached(train, "train", device, True) if c.use_token_cache else train.images
-        if val is not None:
-            self.val_set = self._cached(val, "val", device, False) if c.use_token_cache else val.images
-
-        var = VAR(var_model_config(c, self.tokenizer.cfg.z_channels))
+        c = self.config
+        tokenizer = load_tokenizer(c.tokenizer, c.tokenizer_config, c.patch_nums, seed=c.seed)
+        _check_tokenizer(c, tokenizer)
+        self.tokenizer_hash = tokenizer_sha256(tokenizer)
+        var = VAR(var_model_config(c, tokenizer.cfg.z_channels))
         var.init_weights(c.init_adaln, c.init_adaln_gamma, c.init_head, c.init_std)
         if c.init_from:
             _load_official_var(var, Path(c.init_from))
@@ -649,53 +602,82 @@ class VARRecipe(Recipe):
             len(groups[1]["params"]),
             fused,
         )
-        if val is not None:
-            log.info("evaluation: class dropout OFF (official eval keeps cond_drop_rate %.2f)", c.cond_drop_rate)
+        return TrainParts(
+            models={"var": var}, phases=[Phase("main", optimizer, ["var"])], frozen={"tokenizer": tokenizer}
+        )
 
-        steps_per_epoch = len(train_set) // c.batch_size  # type: ignore[arg-type]
-        total = steps_per_epoch * c.epochs
-        if c.max_steps > 0:
-            total = min(total, c.max_steps)
-        if c.progressive_until > 0:
+    def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
+        c = self.config
+        tokenizer = parts.frozen["tokenizer"]
+        assert isinstance(tokenizer, VQVAE)
+        train, val = self._splits()
+        if train.num_classes > c.num_classes:
+            raise UsageError(
+                f"the dataset has {train.num_classes} classes but the model has --num-classes {c.num_classes}; "
+                f"pass --num-classes {train.num_classes} (or more)"
+            )
+        self.train_images = train.images
+        train_set = self._cached(train, "train", tokenizer, device, True) if c.use_token_cache else train.images
+        if val is not None:
+            self.val_set = self._cached(val, "val", tokenizer, device, False) if c.use_token_cache else val.images
+            log.info("evaluation: class dropout OFF (official eval keeps cond_drop_rate %.2f)", c.cond_drop_rate)
+        return train_set
+
+    def example_batch(self, batch_size: int) -> Batch:
+        c = self.config
+        label_B = torch.zeros(batch_size, dtype=torch.long)
+        if c.use_token_cache:
+            return {"tokens": torch.zeros(batch_size, self.seq_len, dtype=torch.long), "label": label_B}
+        return {"image": torch.zeros(batch_size, 3, c.image_size, c.image_size), "label": label_B}
+
+    def progressive(self, info: StepInfo) -> ProgressiveSchedule | None:
+        """The progressive-training schedule of this run (None when off), from the engine's step arithmetic."""
+        c = self.config
+        if c.progressive_until <= 0:
+            return None
+        if self._progressive is None or self._progressive[0] != info.total_steps:
             stage_epochs = c.progressive_warmup_epochs if c.progressive_warmup_epochs >= 0 else c.epochs / 300
-            self.progressive = ProgressiveSchedule(
+            schedule = ProgressiveSchedule(
                 num_scales=len(c.patch_nums),
                 start_scale=c.progressive_start_scale,
-                warmup_steps=round(c.schedule.warmup_fraction * total),
-                end_step=c.progressive_until * total,
-                stage_warmup_steps=stage_epochs * steps_per_epoch,
+                warmup_steps=round(c.schedule.warmup_fraction * info.total_steps),
+                end_step=c.progressive_until * info.total_steps,
+                stage_warmup_steps=stage_epochs * info.steps_per_epoch,
             )
-        return TrainParts(models={"var": var}, phases=[Phase("main", optimizer, ["var"])], train_dataset=train_set)
+            self._progressive = (info.total_steps, schedule)
+        return self._progressive[1]
 
     # --------------------------------------------------------------------------------------------- step
-    def _tokens(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    @staticmethod
+    def tokens(tokenizer: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Tokens (B, L) int64 from the cache, or by encoding the images with the frozen tokenizer (fp32)."""
         if "tokens" in batch:
             return batch["tokens"].long()
-        assert self.tokenizer is not None
-        return encode_batch(self.tokenizer, batch["image"])
+        assert isinstance(tokenizer, VQVAE)
+        return encode_batch(tokenizer, batch["image"])
 
-    def teacher_forcing_input(self, tokens_BL: torch.Tensor) -> torch.Tensor:
+    def teacher_forcing_input(self, tokenizer: nn.Module, tokens_BL: torch.Tensor) -> torch.Tensor:
         """x (B, L - first_l, Cv): the accumulated f_hat of scales < k on scale k's grid, float32."""
-        assert self.tokenizer is not None
-        idx_list = list(torch.split(tokens_BL, [pn * pn for pn in self.cfg.patch_nums], dim=1))
+        assert isinstance(tokenizer, VQVAE)
+        idx_list = list(torch.split(tokens_BL, [pn * pn for pn in self.config.patch_nums], dim=1))
         with torch.no_grad(), torch.autocast(tokens_BL.device.type, enabled=False):
-            return self.tokenizer.quantize.idx_to_var_input(idx_list)
+            return tokenizer.quantize.idx_to_var_input(idx_list)
 
-    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
-        c = self.cfg
-        tokens_BL = self._tokens(batch)
+    def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        c = self.config
+        tokens_BL = self.tokens(models["tokenizer"], batch)
         label_B = batch["label"]
-        x_BLCv = self.teacher_forcing_input(tokens_BL)
+        x_BLCv = self.teacher_forcing_input(models["tokenizer"], tokens_BL)
         first_l = c.patch_nums[0] ** 2
         weight_L = torch.full((self.seq_len,), 1.0 / self.seq_len, device=tokens_BL.device)
         end, stage_scale = self.seq_len, len(c.patch_nums) - 1
         metrics: dict[str, Any] = {}
-        if self.progressive is not None:
-            stage_scale = self.progressive.scale(step)
+        progressive = self.progressive(info)
+        if progressive is not None:
+            stage_scale = progressive.scale(info.step)
             end = self.slices[stage_scale].stop
             # official: once all scales train, prog_si = -1 and the plain 1/L weights apply (no ramp)
-            prog_weight = self.progressive.weight(step) if stage_scale < len(c.patch_nums) - 1 else 1.0
+            prog_weight = progressive.weight(info.step) if stage_scale < len(c.patch_nums) - 1 else 1.0
             weight_L = weight_L[:end].clone()
             weight_L[self.slices[stage_scale]] *= prog_weight
             metrics.update(progressive_scale=float(stage_scale), progressive_weight=prog_weight)
@@ -710,7 +692,7 @@ class VARRecipe(Recipe):
         else:
             train_ce_BL = ce_BL
         loss = train_ce_BL.mul(weight_L).sum(dim=-1).mean()
-        per_scale = (step + 1) % c.log_every == 0 or step == 0  # the engine logs those steps
+        per_scale = info.log_now
         slices = self.slices[: stage_scale + 1]
         all_scales = len(slices) == len(self.slices)
         metrics.update(token_metrics(ce_BL, logits_BLV, target_BL, slices, all_scales=all_scales, per_scale=per_scale))
@@ -721,21 +703,22 @@ class VARRecipe(Recipe):
 
     # ----------------------------------------------------------------------------------------- evaluate
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
-        c = self.cfg
-        var = models["var"]
         metrics: dict[str, float] = {}
         if self.val_set is not None:
-            metrics = self._validate(var, device)
+            metrics = self._validate(models["var"], models["tokenizer"], device)
         skipped = getattr(self.train_images, "skipped_images", None)
         if skipped:
             metrics["train_unreadable_images_skipped"] = float(skipped)
-        if epoch >= c.epochs and c.export:
-            assert isinstance(var, VAR)
-            export_var(var, c.run_dir)
         return metrics
 
-    def _validate(self, var: nn.Module, device: torch.device) -> dict[str, float]:
-        c = self.cfg
+    def on_fit_end(self, models: Mapping[str, nn.Module]) -> None:
+        var = models["var"]
+        if self.config.export:
+            assert isinstance(var, VAR)
+            export_var(var, self.config.run_dir)
+
+    def _validate(self, var: nn.Module, tokenizer: nn.Module, device: torch.device) -> dict[str, float]:
+        c = self.config
         assert self.val_set is not None
         loader = DataLoader(  # an own generator: evaluation leaves the global RNG (class dropout) alone
             self.val_set,
@@ -754,8 +737,8 @@ class VARRecipe(Recipe):
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             if c.eval_max_images:
                 batch = {k: v[: c.eval_max_images - images] for k, v in batch.items()}
-            tokens_BL = self._tokens(batch)
-            logits_BLV = var(batch["label"], self.teacher_forcing_input(tokens_BL), cond_drop_rate=0.0)
+            tokens_BL = self.tokens(tokenizer, batch)
+            logits_BLV = var(batch["label"], self.teacher_forcing_input(tokenizer, tokens_BL), cond_drop_rate=0.0)
             B, L, V = logits_BLV.shape
             ce_BL = F.cross_entropy(logits_BLV.float().view(-1, V), tokens_BL.reshape(-1), reduction="none").view(B, L)
             correct_BL = (logits_BLV.argmax(-1) == tokens_BL).double()
@@ -790,8 +773,8 @@ class VARRecipe(Recipe):
                 f"{self.tokenizer_hash[:12]}...); pass the same --tokenizer to resume"
             )
 
-    def debug_config(self) -> TrainConfig:
-        c = self.cfg
+    def debug_config(self) -> VARTrainConfig:
+        c = self.config
         return dataclasses.replace(
             c,
             depth=2,

@@ -12,7 +12,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import nn
@@ -174,9 +174,23 @@ class VQVAE(nn.Module):
         return self.fhat_to_img(self.quantize.idx_to_fhat(idx_list))
 
     # ----------------------------------------------------------------------------------------------- train
-    def forward(self, img_B3HW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """Tokenizer-training pass: (reconstruction (B, 3, H, W), unclamped; VQ loss scalar; per-scale codes)."""
-        f_hat_BChw, vq_loss, idx_list = self.quantize(self.encode(img_B3HW))
+    @overload
+    def forward(
+        self, img_B3HW: torch.Tensor, return_features: Literal[False] = False
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]: ...
+
+    @overload
+    def forward(
+        self, img_B3HW: torch.Tensor, return_features: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]: ...
+
+    def forward(self, img_B3HW: torch.Tensor, return_features: bool = False) -> tuple[Any, ...]:
+        """Tokenizer-training pass: (reconstruction (B, 3, H, W), unclamped; VQ loss scalar; per-scale codes), and
+        with `return_features` also the encoder features f (B, Cv, h, w) the quantizer matched (EMA codebooks)."""
+        f_BChw = self.encode(img_B3HW)
+        f_hat_BChw, vq_loss, idx_list = self.quantize(f_BChw)
+        if return_features:
+            return self.decode(f_hat_BChw), vq_loss, idx_list, f_BChw
         return self.decode(f_hat_BChw), vq_loss, idx_list
 
     # ------------------------------------------------------------------------------------------ checkpoints

@@ -1,0 +1,59 @@
+"""In-memory datasets that yield the engine's one batch format: a dict of named tensors per sample.
+
+Shapes: N samples, 3/H/W image channels and side.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch.utils.data import Dataset
+
+from trainlab.data.augment import EpochCounter, augment_draws
+
+FlipMode = Literal["none", "random", "always"]
+
+
+class NamedTensorDataset(Dataset[dict[str, torch.Tensor]]):
+    """Sample i is `{name: tensor[i]}` for every named tensor (all with the same first dimension N)."""
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        sizes = {int(t.shape[0]) for t in tensors.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"named tensors need one common first dimension, got {sorted(sizes)}")
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return int(next(iter(self.tensors.values())).shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: t[index] for name, t in self.tensors.items()}
+
+
+class TensorImageDataset(Dataset[dict[str, torch.Tensor]]):
+    """In-memory images (N, 3, H, W) in [-1, 1] as `{"image", "label"}` samples, with deterministic flips.
+
+    flip "random" mirrors sample i in epoch e when a draw of (seed, e, i) is odd: the same whatever the worker
+    count or resume point (call `set_epoch` before iterating, as the engine does).
+    """
+
+    def __init__(
+        self, images_N3HW: torch.Tensor, labels_N: torch.Tensor, *, flip: FlipMode = "none", seed: int = 0
+    ) -> None:
+        self.images_N3HW, self.labels_N, self.flip, self.seed = images_N3HW, labels_N.long(), flip, seed
+        self._epoch = EpochCounter()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.set(epoch)
+
+    def __len__(self) -> int:
+        return int(self.labels_N.shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        img_3HW = self.images_N3HW[index]
+        if self.flip == "always" or (
+            self.flip == "random" and augment_draws(self.seed, self._epoch.get(), index)[1] & 1
+        ):
+            img_3HW = img_3HW.flip(-1)
+        return {"image": img_3HW.contiguous(), "label": self.labels_N[index].clone()}
