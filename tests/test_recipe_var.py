@@ -214,7 +214,7 @@ def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
     tokenizer = load_tokenizer("", "debug", PATCH_NUMS, seed=0)
     data = TensorImageDataset(*class_gradient_images(24, 16, 4, seed=0))
     desc = {"kind": "fake", "size": 24}
-    spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 64, desc)
+    spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 30, 64, desc)
     cache = build_token_cache(tmp_path / "c", spec, [data], tokenizer, device=CPU, batch_size=5)
     expected_NL = encode_batch(tokenizer, data.images_N3HW)
     assert torch.equal(torch.stack([cache.tokens(i) for i in range(24)]), expected_NL)
@@ -223,7 +223,7 @@ def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
     assert check_token_cache(tmp_path / "c", spec) == ("ok", [])
 
     other = load_tokenizer("", "debug", PATCH_NUMS, seed=1)  # different weights
-    stale = TokenCacheSpec(tokenizer_sha256(other), PATCH_NUMS, 64, desc)
+    stale = TokenCacheSpec(tokenizer_sha256(other), PATCH_NUMS, 30, 64, desc)
     assert check_token_cache(tmp_path / "c", stale) == ("stale", ["tokenizer_sha256"])
     grown = dataclasses.replace(spec, dataset={"kind": "fake", "size": 25})
     assert check_token_cache(tmp_path / "c", grown) == ("stale", ["dataset.size"])

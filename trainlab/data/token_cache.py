@@ -75,6 +75,7 @@ class TokenCacheSpec:
     Attributes:
         tokenizer_sha256: `tokenizer_sha256(tokenizer)`.
         patch_nums: the token-map sides, coarse to fine.
+        seq_len: tokens per image, all scales (`trainlab.models.var.scales.sequence_length(patch_nums)`).
         vocab_size: codebook size V (chooses int16 or int32 storage).
         dataset: a JSON-able description of the dataset's content (e.g. `ImageFolderDataset.describe()`).
         variants: ("plain",) or ("plain", "mirrored").
@@ -82,13 +83,10 @@ class TokenCacheSpec:
 
     tokenizer_sha256: str
     patch_nums: tuple[int, ...]
+    seq_len: int
     vocab_size: int
     dataset: dict[str, Any]
     variants: tuple[str, ...] = (VARIANT_PLAIN,)
-
-    @property
-    def seq_len(self) -> int:
-        return sum(pn * pn for pn in self.patch_nums)
 
     @property
     def token_dtype(self) -> np.dtype[Any]:

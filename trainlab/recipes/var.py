@@ -558,7 +558,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         c = self.config
         variants = (VARIANT_PLAIN, VARIANT_MIRRORED) if (train and c.horizontal_flip) else (VARIANT_PLAIN,)
         desc = {k: v for k, v in split.description.items() if k not in ("crop", "flip")}
-        spec = TokenCacheSpec(self.tokenizer_hash, tuple(c.patch_nums), c.vocab_size, desc, variants)
+        spec = TokenCacheSpec(self.tokenizer_hash, tuple(c.patch_nums), self.seq_len, c.vocab_size, desc, variants)
         base = Path(c.token_cache_path) if c.token_cache_path else c.run_dir / "token_cache"
         on_stale: Literal["rebuild", "refuse"] = (
             "rebuild" if (not c.token_cache_path or c.token_cache_rebuild) else "refuse"

@@ -17,6 +17,7 @@ from torch import nn
 
 from trainlab.errors import UsageError
 from trainlab.models.var.blocks import AdaLNBeforeHead, AdaLNSelfAttn, AttnSegment, StaticKVCache
+from trainlab.models.var.scales import scale_ends, scale_of_position, sequence_length
 
 # Shape legend: B batch, L tokens (all scales, sum of pn^2), l tokens of one scale, C width (embed_dim), D condition
 # width (= C), Cv tokenizer code width (vae_embed_dim), V vocab size, K number of scales.
@@ -80,7 +81,7 @@ class VARConfig:
     @property
     def seq_len(self) -> int:
         """L = sum of pn^2 over scales (680 for the 256 px set, 2240 for 512 px)."""
-        return sum(pn * pn for pn in self.patch_nums)
+        return sequence_length(self.patch_nums)
 
     @classmethod
     def from_depth(cls, depth: int, **overrides: object) -> VARConfig:
@@ -116,11 +117,7 @@ class VAR(nn.Module):
         self.first_l = cfg.patch_nums[0] ** 2
         self.seq_len = L = cfg.seq_len
         self.cond_drop_rate = cfg.cond_drop_rate
-        ends, end = [], 0
-        for pn in cfg.patch_nums:
-            end += pn * pn
-            ends.append(end)
-        self.scale_ends: tuple[int, ...] = tuple(ends)
+        self.scale_ends: tuple[int, ...] = tuple(scale_ends(cfg.patch_nums))
         # Teacher forcing: scales < this index share one attention call with the block-causal mask; each later scale
         # is its own call without a mask (its queries see every key up to the scale's end). Any value gives the same
         # result (the official code is K: one masked L x L call). K-1 computes 354k instead of 462k scores for the
@@ -136,8 +133,7 @@ class VAR(nn.Module):
         nn.init.trunc_normal_(self.pos_1LC, std=init_std)
         # Constant buffers: computed on the CPU, then placed like the parameters (honours a `torch.device` context;
         # under "meta", used to load without init, computing them there would need torch's meta decompositions).
-        lvl = [si for si, pn in enumerate(cfg.patch_nums) for _ in range(pn * pn)]
-        lvl_L = torch.tensor(lvl, dtype=torch.int64, device="cpu")
+        lvl_L = torch.tensor(scale_of_position(cfg.patch_nums), dtype=torch.int64, device="cpu")
         visible_LL = lvl_L.view(L, 1) >= lvl_L.view(1, L)  # key scale <= query scale
         bias_11LL = torch.zeros(L, L, device="cpu").masked_fill_(~visible_LL, -math.inf).view(1, 1, L, L)
         device = self.pos_1LC.device
