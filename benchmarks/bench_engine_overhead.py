@@ -8,6 +8,8 @@ per-repeat (paired) ratios.
 
     python benchmarks/bench_engine_overhead.py --steps 10 --repeats 5 --batch-size 32 --threads 2
     python benchmarks/bench_engine_overhead.py --same-model --repeats 40     # per-step overhead alone
+
+Each run writes a JSON result (every repeat, and the environment) to results/ unless `--json ''`.
 """
 
 from __future__ import annotations
@@ -22,25 +24,31 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _env import environment, result_path, settings, write_result
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
+from trainlab.data.tensors import NamedTensorDataset
 from trainlab.engine.data import StepBatchSampler
 from trainlab.engine.loop import Trainer
-from trainlab.engine.recipe import Phase, Recipe, TrainConfig, TrainParts
+from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.models.registry import create_model
 
+# Shape legend: N samples, B batch, 3/H/W image channels and side.
 
-def make_data(num: int) -> TensorDataset:
+
+def make_data(num: int) -> NamedTensorDataset:
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(num, 3, 32, 32, generator=g), torch.randint(10, (num,), generator=g))
+    return NamedTensorDataset(
+        image=torch.randn(num, 3, 32, 32, generator=g), label=torch.randint(10, (num,), generator=g)
+    )
 
 
 class BenchRecipe(Recipe):
     name = "bench-resnet18"
     config_class = TrainConfig
 
-    def __init__(self, config: TrainConfig, data: TensorDataset, model_name: str) -> None:
+    def __init__(self, config: TrainConfig, data: NamedTensorDataset, model_name: str) -> None:
         super().__init__(config)
         self.data = data
         self.model_name = model_name
@@ -48,12 +56,17 @@ class BenchRecipe(Recipe):
     def build(self, device: torch.device) -> TrainParts:
         model = create_model(self.model_name).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-        return TrainParts(models={"model": model}, phases=[Phase("main", opt, ["model"])], train_dataset=self.data)
+        return TrainParts(models={"model": model}, phases=[Phase("main", opt, ["model"])])
 
-    def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, step: int) -> dict[str, Any]:
-        x, y = batch
-        logits = models["model"](x)
-        return {"loss": F.cross_entropy(logits.float(), y)}
+    def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
+        return self.data
+
+    def example_batch(self, batch_size: int) -> Batch:
+        return {"image": torch.zeros(batch_size, 3, 32, 32), "label": torch.zeros(batch_size, dtype=torch.long)}
+
+    def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        logits = models["model"](batch["image"])
+        return {"loss": F.cross_entropy(logits.float(), batch["label"])}
 
     def debug_config(self) -> TrainConfig:
         return self.config
@@ -65,7 +78,7 @@ def initial_weights(model_name: str) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in create_model(model_name).state_dict().items()}
 
 
-def time_engine(data: TensorDataset, args: argparse.Namespace, run_dir: Path) -> float:
+def time_engine(data: NamedTensorDataset, args: argparse.Namespace, run_dir: Path) -> float:
     cfg = TrainConfig(
         run_dir=run_dir,
         epochs=1,
@@ -92,7 +105,7 @@ def time_engine(data: TensorDataset, args: argparse.Namespace, run_dir: Path) ->
     return elapsed / trainer.steps_per_epoch
 
 
-def time_bare(data: TensorDataset, args: argparse.Namespace) -> float:
+def time_bare(data: NamedTensorDataset, args: argparse.Namespace) -> float:
     torch.manual_seed(0)
     device = torch.device(args.device)
     model = create_model(args.model)
@@ -103,8 +116,8 @@ def time_bare(data: TensorDataset, args: argparse.Namespace) -> float:
     loader = DataLoader(data, batch_sampler=sampler)
     model.train()
     t0 = time.perf_counter()
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
+    for batch in loader:
+        x, y = batch["image"].to(device), batch["label"].to(device)
         loss = F.cross_entropy(model(x).float(), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -115,7 +128,7 @@ def time_bare(data: TensorDataset, args: argparse.Namespace) -> float:
     return (time.perf_counter() - t0) / sampler.steps_per_epoch
 
 
-def same_model_steps(args: argparse.Namespace, run_dir: Path) -> None:
+def same_model_steps(args: argparse.Namespace, run_dir: Path) -> dict[str, list[float]]:
     """Engine step vs bare step on ONE model, ONE optimizer and ONE fixed batch, alternating step by step.
 
     Nothing differs but the code around forward/backward/step, so this isolates the per-step overhead from data
@@ -125,7 +138,8 @@ def same_model_steps(args: argparse.Namespace, run_dir: Path) -> None:
     cfg = TrainConfig(run_dir=run_dir, epochs=1, batch_size=args.batch_size, tensorboard=False, progress=False)
     trainer = Trainer(BenchRecipe(cfg, data, args.model))
     model, opt = trainer.parts.models["model"], trainer.phases[0].optimizer
-    x, y = data[: args.batch_size]
+    batch = data[: args.batch_size]  # type: ignore[index]  # a dict of tensor slices
+    x, y = batch["image"], batch["label"]
     model.train()
 
     def bare() -> None:
@@ -136,7 +150,7 @@ def same_model_steps(args: argparse.Namespace, run_dir: Path) -> None:
         loss.item()
 
     def engine() -> None:
-        trainer._optimizer_step([(x, y)])
+        trainer.runner.run(iter([batch]), trainer.step_info())  # what `fit` runs for one optimizer step
 
     for fn in (bare, engine, bare, engine):  # warm-up
         fn()
@@ -150,6 +164,7 @@ def same_model_steps(args: argparse.Namespace, run_dir: Path) -> None:
     paired = statistics.median(x / y for x, y in zip(times["engine"], times["bare"]))
     print(f"same model, {args.repeats} alternating single steps: engine {e * 1e3:.1f} ms, bare {b * 1e3:.1f} ms")
     print(f"engine / bare {e / b:.3f}, median paired ratio {paired:.3f}")
+    return times
 
 
 def main() -> None:
@@ -162,11 +177,21 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--same-model", action="store_true", help="single steps on one model (see same_model_steps)")
+    parser.add_argument(
+        "--json", default="auto", help="result file ('auto': results/engine_overhead_<...>_<date>.json)"
+    )
+    parser.add_argument("--label", default="", help="what distinguishes this run (e.g. idlemachine), in the auto name")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    env = environment()
+    what = "same_model_single_steps" if args.same_model else f"epoch_{args.steps}steps"
+    path = result_path(args.json, "engine_overhead", args.model, what, f"{args.device}{args.threads}t", args.label)
+    config = settings(args)
     if args.same_model:
         with TemporaryDirectory() as tmp:
-            same_model_steps(args, Path(tmp))
+            times = same_model_steps(args, Path(tmp))
+        results: dict[str, Any] = {"engine_s_per_step": times["engine"], "bare_s_per_step": times["bare"]}
+        write_result(path, {"environment": env, "config": config, "results": results})
         return
     args.initial_weights = initial_weights(args.model)
     data = make_data(args.steps * args.batch_size)
@@ -198,6 +223,9 @@ def main() -> None:
         f"{e / b:.3f} | {paired:.3f} |"
     )
     print(f"(medians of {args.repeats} interleaved repeats of {args.steps} steps each, order alternating)")
+    engine_first = [r % 2 == 0 for r in range(args.repeats)]
+    results = {"engine_s_per_step": engine, "bare_s_per_step": bare, "engine_first": engine_first}
+    write_result(path, {"environment": env, "config": config, "results": results})
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
     .venv/bin/python benchmarks/bench_judge.py                      # 16x16, seeds 0 1 2, 1 CPU thread
     .venv/bin/python benchmarks/bench_judge.py --resolution 32 --threads 2 --json runs/bench_judge.json
 
+The JSON result (per seed, plus the environment) goes to results/judge_<...>_<date>.json unless `--json` says
+otherwise (`--json ''`: none).
+
 Each seed trains a fresh judge (`train_judge` defaults: 10 epochs on the 4,000 "train" digits) and is scored on
 the 1,000 "heldout" digits. Wall-clock time covers training only (data loading excluded). One CPU thread is the
 default because these tiny convolutions gain little from a second thread and, on a busy 2-core machine, OpenMP
@@ -14,14 +17,11 @@ waiting makes two threads several times slower.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import time
-from pathlib import Path
 
 import torch
+from _env import environment, result_path, settings, write_result
 
 from trainlab.data.digits import load_digits_dataset
 from trainlab.demo.judge import DEMO_EPOCHS, accuracy, train_judge
@@ -34,10 +34,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=DEMO_EPOCHS, help="passes over the 4,000 train digits")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    parser.add_argument("--json", default="auto", help="result file ('auto': results/judge_<...>_<date>.json)")
+    parser.add_argument("--label", default="", help="what distinguishes this run (e.g. idlemachine), in the auto name")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    env = environment()
     train = load_digits_dataset(resolution=args.resolution, split="train")
     heldout = load_digits_dataset(resolution=args.resolution, split="heldout")
     runs = []
@@ -55,34 +57,18 @@ def main() -> None:
 
     accs = [run["heldout_accuracy"] for run in runs]
     secs = [run["train_seconds"] for run in runs]
-    env = {
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu x{os.cpu_count()}",
-        "threads": torch.get_num_threads(),
-        "load_average_1min": round(os.getloadavg()[0], 2),  # other processes on the machine slow CPU timings
-        "git_sha": _git_sha(),
-    }
     print(
         f"{args.resolution}x{args.resolution}, {args.epochs} epochs, {len(runs)} seeds: "
         f"held-out accuracy {statistics.mean(accs):.4f} ± {_stdev(accs):.4f} (min {min(accs):.4f}), "
-        f"training {statistics.mean(secs):.1f} ± {_stdev(secs):.1f} s | {env}"
+        f"training {statistics.mean(secs):.1f} ± {_stdev(secs):.1f} s"
     )
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        config = {"resolution": args.resolution, "epochs": args.epochs, "device": args.device}
-        args.json.write_text(json.dumps({"config": config, "env": env, "runs": runs}, indent=2))
+    device = args.device.replace(":", "") + (f"{args.threads}t" if args.device == "cpu" else "")
+    path = result_path(args.json, "judge", f"{args.resolution}px", f"{len(runs)}seeds", device, args.label)
+    write_result(path, {"environment": env, "config": settings(args), "runs": runs})
 
 
 def _stdev(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def _git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ processes hits them alike; the table gives the median and min wall-clock and the
 Reference: the official code took 7.86 s for this decode on the 2-core development machine (2 threads).
 
 Run: .venv/bin/python benchmarks/bench_vqvae_decode.py [--repeats 3] [--threads 2] [--ends-only] [--fhat sampled]
+The JSON result (every round of every variant, plus the environment) goes to results/ unless `--json ''`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+from _env import environment, result_path, settings, write_result
 
 from trainlab.models.var.sample import generate
 from trainlab.models.var.transformer import VAR, VARConfig
@@ -91,9 +93,12 @@ def main() -> None:
         help="decode the f_hat of a d4 VAR sample (official init, seed 0, cfg 1.5, top-k 900, top-p 0.95: the "
         "reference's protocol) or of uniformly random tokens",
     )
+    parser.add_argument("--json", default="auto", help="result file ('auto': results/vqvae_decode_<...>_<date>.json)")
+    parser.add_argument("--label", default="", help="what distinguishes this run (e.g. idlemachine), in the auto name")
     args = parser.parse_args()
     variants = [VARIANTS[0], VARIANTS[-1]] if args.ends_only else VARIANTS
     torch.set_num_threads(args.threads)
+    env = environment()
     torch.manual_seed(0)
 
     model = VQVAE(VQVAEConfig.official()).freeze()
@@ -152,6 +157,19 @@ def main() -> None:
             f"{base / wall_med:.2f}x / {base_cpu / cpu_med:.2f}x | {diff:.1e} |"
         )
     print(f"| official code (reference, var.md section 6) | {OFFICIAL_SECONDS:.2f} | | | | |")
+    env["load_average_1min_at_end"] = round(load_after, 2)
+    variant_results = {
+        v.name: {
+            "wall_s": walls[v.name],
+            "cpu_s": cpus[v.name],
+            "max_abs_diff_vs_plain": (outputs[v.name] - outputs[plain]).abs().max().item(),
+        }
+        for v in variants
+    }
+    results = {"variants": variant_results, "official_reference_s": OFFICIAL_SECONDS}
+    fhat = args.fhat.replace("-", "")
+    path = result_path(args.json, "vqvae_decode", f"{fhat}fhat", f"b{args.batch}", f"cpu{args.threads}t", args.label)
+    write_result(path, {"environment": env, "config": settings(args), "results": results})
 
 
 if __name__ == "__main__":

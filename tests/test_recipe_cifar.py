@@ -70,6 +70,6 @@ def test_unknown_model_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Capture
 
 @pytest.mark.parametrize("name", ["cifar_vgg19.yaml", "cifar_resnet18.yaml"])
 def test_shipped_configs_parse(name: str) -> None:
-    path = REPO / "configs" / name
+    path = REPO / "trainlab" / "configs" / name
     cfg = parse(CifarConfig, ["--config", str(path)], prog="t")
     assert cfg.epochs == 200 and cfg.model == load_yaml(path)["model"]

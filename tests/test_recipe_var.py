@@ -32,19 +32,16 @@ from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import StepInfo
 from trainlab.errors import UsageError
+from trainlab.models.var.loading import VAR_EXPORT_PTH, VAR_EXPORT_SAFETENSORS, load_tokenizer
 from trainlab.models.var.transformer import VAR, VARConfig
-from trainlab.models.var.vqvae import VQVAE
+from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
+from trainlab.optim.param_groups import no_weight_decay, param_groups
 from trainlab.recipes.var import (
-    EXPORT_PTH,
-    EXPORT_SAFETENSORS,
-    ProgressiveSchedule,
     VARRecipe,
     VARTrainConfig,
     export_run,
-    load_tokenizer,
-    no_weight_decay,
-    param_groups,
 )
+from trainlab.recipes.var_progressive import ProgressiveSchedule
 
 # Shape legend: B batch, L tokens of all scales (30 for patch_nums 1,2,3,4), V vocabulary (64).
 
@@ -79,12 +76,12 @@ def test_debug_check_passes_and_exports_official_format(tmp_path: Path) -> None:
     from trainlab.models.var.loading import build_var, read_state_dict
 
     final = torch.load(run / "ckpt" / "last.pt", weights_only=True)["models"]["var"]
-    for name in (EXPORT_PTH, EXPORT_SAFETENSORS):
+    for name in (VAR_EXPORT_PTH, VAR_EXPORT_SAFETENSORS):
         exported = build_var(read_state_dict(run / name, "VAR"))  # the official-format loader infers the shape
         assert exported.cfg.depth == 2 and exported.cfg.patch_nums == PATCH_NUMS
         for key, value in exported.state_dict().items():
             assert torch.equal(value, final[key]), key
-    (run / EXPORT_PTH).unlink()
+    (run / VAR_EXPORT_PTH).unlink()
     pth, _ = export_run(run)
     assert pth.is_file()
     rows = _rows(run, "train")
@@ -238,10 +235,9 @@ def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
 
 def test_tokenizer_loads_from_a_tokenizer_run_checkpoint_and_checks_its_preset(tmp_path: Path) -> None:
     from trainlab.models.var.vqvae import VQVAE
-    from trainlab.recipes.var import DIGITS_TOKENIZER
 
     torch.manual_seed(0)
-    weights = VQVAE(dataclasses.replace(DIGITS_TOKENIZER, patch_nums=PATCH_NUMS)).state_dict()
+    weights = VQVAE(VQVAEConfig.preset("digits", PATCH_NUMS)).state_dict()
     other = {"conv.weight": torch.zeros(1)}  # e.g. the discriminator of a `trainlab train tokenizer` run
     path = tmp_path / "last.pt"
     torch.save({"format": "trainlab-checkpoint", "models": {"vqvae": weights, "discriminator": other}}, path)
@@ -412,7 +408,7 @@ README_ROWS = {  # reference/var.md section 3.3: depth -> (bs, ep, tblr, alng, w
 
 @pytest.mark.parametrize("depth", sorted(README_ROWS))
 def test_shipped_configs_parse_and_match_the_readme(depth: int) -> None:
-    path = REPO / "configs" / f"var_d{depth}.yaml"
+    path = REPO / "trainlab" / "configs" / f"var_d{depth}.yaml"
     cfg = parse(VARTrainConfig, ["--config", str(path)], prog="t")
     bs, ep, tblr, alng, wpe, twde = README_ROWS[depth]
     assert (cfg.depth, cfg.batch_size, cfg.epochs, cfg.precision) == (depth, bs, ep, "fp16-amp-scale")
@@ -423,5 +419,5 @@ def test_shipped_configs_parse_and_match_the_readme(depth: int) -> None:
 
 
 def test_every_shipped_var_config_is_covered() -> None:
-    shipped = sorted(p.name for p in (REPO / "configs").glob("var_d*.yaml"))
+    shipped = sorted(p.name for p in (REPO / "trainlab" / "configs").glob("var_d*.yaml"))
     assert shipped == [f"var_d{d}.yaml" for d in sorted(README_ROWS)]

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from trainlab.errors import UsageError
+from trainlab.losses.token_cross_entropy import token_loss
 from trainlab.models.var.blocks import AdaLNSelfAttn
 from trainlab.models.var.loading import build_var, export_official, infer_var_config, load_official, read_state_dict
-from trainlab.models.var.transformer import PATCH_NUMS_512, VAR, VARConfig, token_loss
+from trainlab.models.var.transformer import PATCH_NUMS_512, VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
 # Shape legend: B batch, L tokens, l tokens of one scale, C width, V vocab, Cv code width.

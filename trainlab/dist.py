@@ -93,6 +93,28 @@ def broadcast_object(obj: object) -> object:
     return box[0]
 
 
+def all_gather_object(obj: object) -> list[object]:
+    """Every rank's picklable `obj`, in rank order (`[obj]` in a single process)."""
+    if not is_initialized():
+        return [obj]
+    gathered: list[object] = [None] * world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def all_reduce_sum_(*tensors: torch.Tensor) -> None:
+    """Sum each tensor over ranks, in place (nothing in a single process)."""
+    if is_initialized() and world_size() > 1:
+        for t in tensors:
+            torch_dist.all_reduce(t)
+
+
+def broadcast_(tensor: torch.Tensor, src: int = 0) -> None:
+    """Overwrite `tensor` on every rank with rank `src`'s values, in place (nothing in a single process)."""
+    if is_initialized() and world_size() > 1:
+        torch_dist.broadcast(tensor, src=src)
+
+
 class _GatherWithGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -19,10 +19,8 @@ standardises the data.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import pickle
-import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -33,6 +31,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import calculate_md5
 
+from trainlab.data.augment import EpochCounter, draw_words, mixed_radix_digits
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -159,10 +158,9 @@ def _check_arrays(dataset: CIFAR10, folder: Path) -> None:
 def augment_params(seed: int, epoch: int, index: int, *, padding: int = CROP_PADDING) -> tuple[int, int, bool]:
     """Draws the random crop offsets and flip for one sample, as a pure function of its arguments.
 
-    The three integers are packed as signed 64-bit and hashed with BLAKE2b; the 64-bit digest is split into
-    `top`, `left` (uniform in [0, 2 * padding]) and `flip`. The result depends on nothing else (no global RNG,
-    no worker id, no torch/numpy version), which is what makes resumed runs bit-exact. The modulo bias is
-    below 1e-17.
+    One 64-bit word of `trainlab.data.augment.draw_words` is split into the mixed-radix digits `top`, `left`
+    (uniform in [0, 2 * padding]) and `flip`. The result depends on nothing else (no global RNG, no worker id, no
+    torch/numpy version), which is what makes resumed runs bit-exact. The modulo bias is below 1e-17.
 
     Args:
         seed: the run's data seed.
@@ -173,10 +171,10 @@ def augment_params(seed: int, epoch: int, index: int, *, padding: int = CROP_PAD
     Returns:
         (top, left, flip): crop offsets into the padded image and whether to mirror horizontally.
     """
-    digest = hashlib.blake2b(struct.pack("<qqq", seed, epoch, index), digest_size=8).digest()
-    word = int.from_bytes(digest, "little")
+    (word,) = draw_words(seed, epoch, index, num_words=1)
     span = 2 * padding + 1
-    return word % span, (word // span) % span, (word // (span * span)) % 2 == 1
+    top, left, flip = mixed_radix_digits(word, span, span, 2)
+    return top, left, flip == 1
 
 
 def pad_crop_flip(
@@ -196,8 +194,8 @@ def pad_crop_flip(
 class CifarAugmentDataset(Dataset[dict[str, torch.Tensor]]):
     """CIFAR images as normalised float tensors, with deterministic per-(seed, epoch, index) augmentation.
 
-    Call `set_epoch(epoch)` before iterating the loader for that epoch (before `iter(loader)`). The epoch lives in
-    a shared-memory tensor, so the update reaches worker processes even with `persistent_workers=True`.
+    Call `set_epoch(epoch)` before iterating the loader for that epoch (before `iter(loader)`). The epoch is an
+    `EpochCounter` (shared memory), so the update reaches worker processes even with `persistent_workers=True`.
 
     Args:
         images_NHW3: uint8 images, (N, H, W, 3), e.g. `CIFAR10.data`.
@@ -228,7 +226,7 @@ class CifarAugmentDataset(Dataset[dict[str, torch.Tensor]]):
         self.seed = seed
         self.mean_311 = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
         self.std_311 = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch = EpochCounter()
 
     @classmethod
     def from_cifar10(cls, raw: CIFAR10, *, augment: bool, seed: int = 0) -> CifarAugmentDataset:
@@ -238,12 +236,12 @@ class CifarAugmentDataset(Dataset[dict[str, torch.Tensor]]):
     @property
     def epoch(self) -> int:
         """The epoch whose augmentation `__getitem__` currently draws."""
-        return int(self._epoch.item())
+        return self._epoch.get()
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch for the augmentation draws (visible to already-started workers too)."""
         assert epoch >= 0, f"epoch must be >= 0, got {epoch}"
-        self._epoch.fill_(epoch)
+        self._epoch.set(epoch)
 
     def __len__(self) -> int:
         return len(self.images_NHW3)

@@ -10,9 +10,9 @@ Preprocessing (official `utils/data.py: build_dataset`), for an image side R:
     optional horizontal flip (train only, off by default as in the official runs)
     ToTensor (uint8 -> [0, 1]), then x -> x + x - 1 (into [-1, 1])
 
-Determinism: the crop offsets and the flip of sample i in epoch e are a pure function of (seed, e, i) (a BLAKE2b
-hash, no global RNG), so a resumed run, or one with a different number of loader workers, sees the same pixels.
-Call `set_epoch(e)` before iterating the loader for epoch e (the engine does).
+Determinism: the crop offsets and the flip of sample i in epoch e are a pure function of (seed, e, i)
+(`trainlab.data.augment.augment_draws`, no global RNG), so a resumed run, or one with a different number of loader
+workers, sees the same pixels. Call `set_epoch(e)` before iterating the loader for epoch e (the engine does).
 
 Unreadable images: a file that fails to decode (truncated JPEG, not really an image, permission error...) is never
 fatal mid-epoch. Sample i is replaced by the next readable index i+1, i+2, ... (wrapping around), the same way every
@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +37,7 @@ from PIL import Image
 from torch.utils.data import Dataset, get_worker_info
 from torchvision.transforms import InterpolationMode
 
+from trainlab.data.augment import EpochCounter, FlipMode, augment_draws, decide_flip, mixed_radix_digits
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,6 @@ MAX_CONSECUTIVE_UNREADABLE = 64
 _MAX_WORKER_SLOTS = 256  # skip counters: slot 0 = main process, slot w+1 = loader worker w
 
 CropMode = Literal["random", "center"]
-FlipMode = Literal["none", "random", "always"]
 
 
 @dataclass(frozen=True)
@@ -121,12 +120,6 @@ def scan_image_folder(root: str | Path) -> FolderIndex:
     return FolderIndex(root=root, classes=classes, files=tuple(files), ignored_files=ignored)
 
 
-def augment_draws(seed: int, epoch: int, index: int) -> tuple[int, int]:
-    """Two independent 64-bit words, a pure function of (seed, epoch, index)."""
-    digest = hashlib.blake2b(struct.pack("<qqq", seed, epoch, index), digest_size=16).digest()
-    return int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
-
-
 def preprocess(
     img: Image.Image,
     image_size: int,
@@ -152,11 +145,11 @@ def preprocess(
     if crop == "random":
         w, h = img.size
         span_h, span_w = h - image_size + 1, w - image_size + 1
-        top, left = draws[0] % span_h, (draws[0] // span_h) % span_w
+        top, left = mixed_radix_digits(draws[0], span_h, span_w)
         img = TF.crop(img, top, left, image_size, image_size)
     else:
         img = TF.center_crop(img, [image_size, image_size])
-    if flip == "always" or (flip == "random" and draws[1] & 1):
+    if decide_flip(flip, draws):
         img = TF.hflip(img)
     x_3HW = TF.to_tensor(img)
     return x_3HW.add(x_3HW).add_(-1.0)
@@ -193,17 +186,19 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
         self.crop: CropMode = "random" if train else "center"
         self.flip: FlipMode = flip if flip is not None else ("random" if train and horizontal_flip else "none")
         self.seed = seed
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch = EpochCounter()
         self._skips = torch.zeros(_MAX_WORKER_SLOTS + 1, dtype=torch.int64).share_memory_()
         self._warned: set[str] = set()
 
     @property
     def num_classes(self) -> int:
+        """Number of class sub-folders."""
         return len(self.classes)
 
     @property
     def epoch(self) -> int:
-        return int(self._epoch.item())
+        """The epoch whose augmentation `__getitem__` currently draws."""
+        return self._epoch.get()
 
     @property
     def skipped_images(self) -> int:
@@ -218,7 +213,7 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
                 "%s: epoch %d replaced %d unreadable image(s) by the next readable one", self.root, self.epoch, skipped
             )
         self._skips.zero_()
-        self._epoch.fill_(epoch)
+        self._epoch.set(epoch)
 
     def __len__(self) -> int:
         return len(self.index.files)

@@ -5,14 +5,10 @@ Shapes: N samples, 3/H/W image channels and side.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch.utils.data import Dataset
 
-from trainlab.data.augment import EpochCounter, augment_draws
-
-FlipMode = Literal["none", "random", "always"]
+from trainlab.data.augment import EpochCounter, FlipMode, augment_draws, decide_flip
 
 
 class NamedTensorDataset(Dataset[dict[str, torch.Tensor]]):
@@ -45,6 +41,7 @@ class TensorImageDataset(Dataset[dict[str, torch.Tensor]]):
         self._epoch = EpochCounter()
 
     def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch of the flip draws (visible to already-started loader workers too)."""
         self._epoch.set(epoch)
 
     def __len__(self) -> int:
@@ -52,8 +49,7 @@ class TensorImageDataset(Dataset[dict[str, torch.Tensor]]):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         img_3HW = self.images_N3HW[index]
-        if self.flip == "always" or (
-            self.flip == "random" and augment_draws(self.seed, self._epoch.get(), index)[1] & 1
-        ):
+        draws = augment_draws(self.seed, self._epoch.get(), index) if self.flip == "random" else (0, 0)
+        if decide_flip(self.flip, draws):
             img_3HW = img_3HW.flip(-1)
         return {"image": img_3HW.contiguous(), "label": self.labels_N[index].clone()}

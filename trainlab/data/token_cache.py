@@ -45,7 +45,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainlab import dist
-from trainlab.data.image_folder import augment_draws
+from trainlab.data.augment import EpochCounter, augment_draws, decide_flip
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -90,9 +90,11 @@ class TokenCacheSpec:
 
     @property
     def token_dtype(self) -> np.dtype[Any]:
+        """int16 when every token id fits (V <= 32768), else int32."""
         return np.dtype(np.int16) if self.vocab_size <= 2**15 else np.dtype(np.int32)
 
     def fingerprint(self) -> dict[str, Any]:
+        """The JSON-able identity stored in meta.json and compared by `check_token_cache`."""
         return {
             "format_version": FORMAT_VERSION,
             "tokenizer_sha256": self.tokenizer_sha256,
@@ -169,19 +171,22 @@ class TokenCache:
         return torch.from_numpy(np.asarray(tokens_NAL[index, variant], dtype=np.int64))
 
     def label(self, index: int) -> int:
+        """Class id of one image."""
         _, labels_N = self._open()
         return int(labels_N[index])
 
     @property
     def labels(self) -> np.ndarray:
+        """Class ids of all images, int64 (N,)."""
         return np.asarray(self._open()[1])
 
 
 class TokenCacheDataset(Dataset[dict[str, torch.Tensor]]):
     """`{"tokens": int64 (L,), "label": int64}` samples from a `TokenCache`.
 
-    With two variants and `random_variant`, sample i in epoch e is the mirrored variant when the flip draw of
-    (seed, e, i) is odd: the same decision `ImageFolderDataset` makes for a random flip.
+    With two variants and `random_variant`, sample i in epoch e is the mirrored variant when
+    `decide_flip("random", augment_draws(seed, e, i))`: the same decision `ImageFolderDataset` makes for a random
+    flip.
 
     Args:
         cache: the cache.
@@ -193,10 +198,11 @@ class TokenCacheDataset(Dataset[dict[str, torch.Tensor]]):
         self.cache = cache
         self.seed = seed
         self.random_variant = random_variant and cache.num_variants > 1
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch = EpochCounter()
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch.fill_(epoch)
+        """Selects the epoch of the variant draws (visible to already-started loader workers too)."""
+        self._epoch.set(epoch)
 
     def __len__(self) -> int:
         return self.cache.num_items
@@ -204,7 +210,7 @@ class TokenCacheDataset(Dataset[dict[str, torch.Tensor]]):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         variant = 0
         if self.random_variant:
-            variant = augment_draws(self.seed, int(self._epoch.item()), index)[1] & 1
+            variant = int(decide_flip("random", augment_draws(self.seed, self._epoch.get(), index)))
         return {
             "tokens": self.cache.tokens(index, variant),
             "label": torch.tensor(self.cache.label(index), dtype=torch.int64),

@@ -1,7 +1,7 @@
 """`trainlab demo`: both VAR stages trained on a CPU, on handwritten digits that ship inside a PyPI package.
 
     1. judge      an independent digit classifier trained on the real "train" digits (never sees a generated image)
-    2. tokenizer  the multi-scale VQVAE (`trainlab train tokenizer`, configs/tokenizer_digits.yaml), 16 px, 4 scales
+    2. tokenizer  the multi-scale VQVAE (`trainlab train tokenizer --config tokenizer_digits`), 16 px, 4 scales
     3. var        a class-conditional VAR on the tokenizer's token maps (`trainlab train var`, token cache)
     4. evaluate   samples for every class -> conditional accuracy and feature-space FID under the judge; held-out
                   reconstructions -> PSNR; figures and `report.json` / `report.md` in the run directory
@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from trainlab.config import option, to_dict
+from trainlab.config import from_dict, load_yaml, option, to_dict
+from trainlab.configs import config_path
 from trainlab.data.digits import NUM_CLASSES, load_digits_dataset, split_halves
 from trainlab.demo import figures as demo_figures
 from trainlab.demo.judge import (
@@ -43,7 +44,6 @@ from trainlab.demo.judge import (
     train_judge,
 )
 from trainlab.engine.loop import Trainer
-from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.evaluate.fid import fid_from_features
 from trainlab.evaluate.psnr import psnr
@@ -97,39 +97,15 @@ class DemoInterrupted(Exception):
 
 # ------------------------------------------------------------------------------------------------ stage configs
 def tokenizer_config(demo: DemoConfig) -> TokenizerConfig:
-    """The digits tokenizer: configs/tokenizer_digits.yaml (a test keeps the two equal), shortened with --quick."""
-    cfg = TokenizerConfig(
+    """The digits tokenizer: the shipped `tokenizer_digits` config (its one description), shortened with --quick."""
+    path = config_path("tokenizer_digits")
+    assert path is not None, "the tokenizer_digits config ships with the package"
+    cfg = from_dict(TokenizerConfig, load_yaml(path), where=str(path))
+    cfg = dataclasses.replace(
+        cfg,
         run_dir=demo.run_dir / "tokenizer",
         seed=demo.seed,
         device=demo.device,
-        dataset="digits",
-        image_size=IMAGE_SIZE,
-        vocab_size=256,
-        z_channels=8,
-        ch=32,
-        ch_mult=(1, 1, 2),
-        num_res_blocks=1,
-        patch_nums=PATCH_NUMS,
-        quant_resi=0.5,
-        share_quant_resi=4,
-        eval_size=1000,
-        eval_batch_size=250,
-        batch_size=40,
-        epochs=3,
-        log_every=10,
-        reconstruction_loss="l1",
-        codebook_mode="ema",
-        ema_decay=0.99,
-        dead_code_steps=20,
-        discriminator_start=200,
-        discriminator_weight=0.1,
-        discriminator_layers=2,
-        discriminator_channels=32,
-        discriminator_norm="batch",
-        gan_loss="hinge",
-        generator_learning_rate=1e-3,
-        discriminator_learning_rate=1e-3,
-        schedule=ScheduleConfig(kind="constant"),
         progress=demo.progress,
         resume="auto",
     )

@@ -174,11 +174,7 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        per_rank_rng: list[Any] = [rng_state()]
-        if dist.is_initialized():
-            gathered: list[Any] = [None] * self.world
-            torch.distributed.all_gather_object(gathered, per_rank_rng[0])
-            per_rank_rng = gathered
+        per_rank_rng = dist.all_gather_object(rng_state())  # collective under DDP: every rank takes part
         return {
             "format": "trainlab-checkpoint",
             "version": 1,

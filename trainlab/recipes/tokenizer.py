@@ -38,16 +38,16 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from trainlab import dist
 from trainlab.config import option
-from trainlab.data.synthetic import smooth_noise_images
-from trainlab.data.tensors import NamedTensorDataset
+from trainlab.data.splits import reconstruction_splits
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.evaluate.fid import feature_statistics, frechet_distance
+from trainlab.evaluate.inception import inception_features, load_inception
 from trainlab.evaluate.psnr import psnr
 from trainlab.losses.gan import GanLossKind, adaptive_gan_weight, discriminator_loss, generator_loss
 from trainlab.losses.perceptual import PerceptualLoss, load_perceptual_loss
@@ -55,7 +55,7 @@ from trainlab.models.discriminator import NormKind, PatchDiscriminator
 from trainlab.models.var.codebook import (
     DeadCodeTracker,
     EMACodebook,
-    assignment_sums,
+    StepAssignments,
     code_usage,
     restart_codes_,
     scale_residuals,
@@ -77,7 +77,6 @@ _ARCH_FIELDS = (
     "share_quant_resi",
     "image_size",
 )
-_DIGITS_SPLIT_SEED = 0  # the train/held-out split is fixed, so PSNR compares across training seeds
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -86,8 +85,8 @@ class TokenizerConfig(TrainConfig):
 
     run_dir: Path = option(Path("runs/tokenizer"), "output directory")
     # ---- VQVAE architecture (defaults: the official vae_ch160v4096z32, 256 px)
-    vqvae_preset: Literal["custom", "debug", "official"] = option(
-        "custom", "custom: use the fields below; debug / official: VQVAEConfig.debug() / .official() (16 / 256 px)"
+    vqvae_preset: Literal["custom", "official", "digits", "debug"] = option(
+        "custom", "custom: the architecture fields below; else a VQVAE preset (official 256 px, digits / debug 16 px)"
     )
     vocab_size: int = option(4096, "codebook size V")
     z_channels: int = option(32, "latent / code channels")
@@ -167,7 +166,7 @@ class TokenizerConfig(TrainConfig):
     def _resolve_preset(self) -> None:
         if self.vqvae_preset == "custom":
             return
-        preset = VQVAEConfig.debug() if self.vqvae_preset == "debug" else VQVAEConfig.official()
+        preset = VQVAEConfig.preset(self.vqvae_preset)
         wanted = {name: getattr(preset, name) for name in _ARCH_FIELDS if name != "image_size"}
         wanted["image_size"] = preset.image_size
         defaults = {f.name: f.default for f in dataclasses.fields(TokenizerConfig) if f.name in _ARCH_FIELDS}
@@ -195,56 +194,10 @@ class TokenizerConfig(TrainConfig):
         )
 
 
-# ------------------------------------------------------------------------------------------------------ data
-def fake_images(num_images: int, image_size: int, seed: int) -> NamedTensorDataset:
-    """Smooth random RGB images in [-1, 1] with label 0, as {"image", "label"} samples. For tests."""
-    images_N3HW = smooth_noise_images(num_images, image_size, seed)
-    return NamedTensorDataset(image=images_N3HW, label=torch.zeros(num_images, dtype=torch.long))
-
-
-def _even_subset(data: Dataset[Any], size: int) -> Dataset[Any]:
-    """`size` evenly spaced items (an image folder is sorted by class, so this covers the classes)."""
-    n = len(data)  # type: ignore[arg-type]
-    if size >= n:
-        return data
-    return Subset(data, torch.linspace(0, n - 1, size).round().long().tolist())
-
-
 # ---------------------------------------------------------------------------------------------------- recipe
-@dataclasses.dataclass
-class _CodebookStats:
-    """Code assignments of the micro-batches of one optimizer step (summed counts / sums, residuals per scale)."""
-
-    z_per_scale: list[list[torch.Tensor]]
-    counts_V: torch.Tensor | None = None
-    sums_VC: torch.Tensor | None = None
-
-
 def _unwrap(module: nn.Module) -> nn.Module:
     inner = getattr(module, "module", None)
     return inner if isinstance(inner, nn.Module) else module
-
-
-def _all_reduce_sum_(*tensors: torch.Tensor) -> None:
-    if dist.world_size() > 1:
-        for t in tensors:
-            torch.distributed.all_reduce(t)
-
-
-def _broadcast_from_rank0_(t: torch.Tensor) -> None:
-    if dist.world_size() > 1:
-        torch.distributed.broadcast(t, src=0)
-
-
-def _inception_features(inception: nn.Module, img_B3HW: torch.Tensor) -> torch.Tensor:
-    """torch-fidelity's 2048-d pool features of images in [-1, 1], float64 on the CPU."""
-    with torch.autocast(device_type=img_B3HW.device.type, enabled=False):
-        (feats_BD,) = inception(_to_uint8(img_B3HW))
-    return feats_BD.double().cpu()
-
-
-def _to_uint8(img_B3HW: torch.Tensor) -> torch.Tensor:
-    return ((img_B3HW.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
 class TokenizerRecipe(Recipe[TokenizerConfig]):
@@ -270,7 +223,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         self.ema: EMACodebook | None = None
         self.dead_codes: DeadCodeTracker | None = None
         self.restart_generator = torch.Generator().manual_seed(config.seed + 7919)
-        self._pending: _CodebookStats | None = None  # this optimizer step's micro-batches, for the codebook
+        self._pending: StepAssignments | None = None  # this optimizer step's micro-batches, for the codebook
         self._heldout: Dataset[Any] | None = None
         self._real_fid_stats: tuple[Any, Any] | None = None
 
@@ -315,7 +268,16 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
-        train_set, self._heldout = self._datasets()
+        c = self.config
+        train_set, self._heldout = reconstruction_splits(
+            c.dataset,
+            data_root=c.data_root,
+            image_size=c.image_size,
+            random_crop=c.train_crop == "random",
+            fake_size=c.fake_size,
+            heldout_size=max(c.eval_size, 1),
+            seed=c.seed,
+        )
         return train_set
 
     def example_batch(self, batch_size: int) -> Batch:
@@ -334,61 +296,10 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         return loss
 
     def _build_inception(self) -> nn.Module | None:
-        c = self.config
-        if not c.inception_weights:
+        if not self.config.inception_weights:
             log.info("rFID off: no --inception-weights given (PSNR and codebook usage are still evaluated)")
             return None
-        path = Path(c.inception_weights)
-        if not path.is_file():
-            raise UsageError(f"--inception-weights {path} not found: pass a local pt_inception-2015-12-05 file")
-        try:
-            from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-        except ImportError:
-            raise UsageError(
-                "--inception-weights needs torch-fidelity: pip install 'trainlab[rfid]' (or drop the flag)"
-            ) from None
-        try:  # torch-fidelity reloads the file with weights_only=False: check first that it is plain tensors
-            torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # any unpickling problem is the user's file
-            first = (str(err).splitlines() or ["unreadable"])[0][:160]
-            raise UsageError(f"--inception-weights {path} is not a plain state_dict ({first})") from None
-        try:
-            extractor = FeatureExtractorInceptionV3(
-                "inception-v3-compat", ["2048"], feature_extractor_weights_path=str(path)
-            )
-        except RuntimeError as err:
-            first = str(err).splitlines()[0][:160]
-            raise UsageError(
-                f"--inception-weights {path} does not fit torch-fidelity's InceptionV3 ({first})"
-            ) from None
-        log.info("rFID on: torch-fidelity InceptionV3 (2048-d pool features) from %s", path)
-        module: nn.Module = extractor
-        return module
-
-    def _datasets(self) -> tuple[Dataset[Any], Dataset[Any]]:
-        c = self.config
-        held_size = max(c.eval_size, 1)
-        if c.dataset == "digits":
-            from trainlab.data.digits import load_digits_dataset
-
-            digits_train = load_digits_dataset(resolution=c.image_size, split="train", seed=_DIGITS_SPLIT_SEED)
-            digits_heldout = load_digits_dataset(resolution=c.image_size, split="heldout", seed=_DIGITS_SPLIT_SEED)
-            return digits_train, Subset(digits_heldout, range(min(held_size, len(digits_heldout))))
-        if c.dataset == "fake":
-            return fake_images(c.fake_size, c.image_size, seed=1), fake_images(held_size, c.image_size, seed=2)
-        from trainlab.data.image_folder import ImageFolderDataset
-
-        root = c.data_root
-        if not root.is_dir():
-            raise UsageError(
-                f"--data-root {root} not found: pass a folder holding train/<class>/* and val/<class>/* "
-                "(ImageNet layout), or use --dataset digits"
-            )
-        if not (root / "val").is_dir():
-            raise UsageError(f"{root}/val not found: the held-out PSNR needs val/<class>/* next to train/")
-        train = ImageFolderDataset(root / "train", image_size=c.image_size, train=c.train_crop == "random", seed=c.seed)
-        heldout = ImageFolderDataset(root / "val", image_size=c.image_size, train=False)
-        return train, _even_subset(heldout, held_size)
+        return load_inception(Path(self.config.inception_weights))
 
     # ---------------------------------------------------------------------------------------------- training
     def phase_active(self, phase: str, step: int) -> bool:
@@ -460,16 +371,9 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             return
         vqvae = _unwrap(models["vqvae"])
         assert isinstance(vqvae, VQVAE)
-        z_list = scale_residuals(vqvae.quantize, f_BChw)
         if info.micro_step == 0 or self._pending is None:
-            self._pending = _CodebookStats(z_per_scale=[[] for _ in z_list])
-        pending = self._pending
-        if self.ema is not None:
-            counts_V, sums_VC = assignment_sums(z_list, idx_list, self.config.vocab_size)
-            pending.sums_VC = sums_VC if pending.sums_VC is None else pending.sums_VC + sums_VC
-        pending.counts_V = counts_V.clone() if pending.counts_V is None else pending.counts_V + counts_V
-        for scale, z in enumerate(z_list):
-            pending.z_per_scale[scale].append(z)
+            self._pending = StepAssignments()
+        self._pending.add(scale_residuals(vqvae.quantize, f_BChw), idx_list, counts_V, with_sums=self.ema is not None)
 
     def after_optimizer_step(self, models: Mapping[str, nn.Module], phase: str, info: StepInfo) -> dict[str, float]:
         if phase != "generator" or self._pending is None:
@@ -478,7 +382,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         restarted = self._maintain_codebook(models, pending, info.step)
         return {"codes_restarted": float(restarted)} if self.dead_codes is not None else {}
 
-    def _maintain_codebook(self, models: Mapping[str, nn.Module], stats: _CodebookStats, step: int) -> int:
+    def _maintain_codebook(self, models: Mapping[str, nn.Module], stats: StepAssignments, step: int) -> int:
         """EMA update and dead-code restart on one optimizer step's statistics (identical on every rank)."""
         vqvae = _unwrap(models["vqvae"])
         assert isinstance(vqvae, VQVAE) and stats.counts_V is not None
@@ -486,20 +390,19 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         counts_V = stats.counts_V
         if self.ema is not None:
             assert stats.sums_VC is not None
-            _all_reduce_sum_(counts_V, stats.sums_VC)
+            dist.all_reduce_sum_(counts_V, stats.sums_VC)
             self.ema.update_(weight_VC, counts_V, stats.sums_VC)
         else:
-            _all_reduce_sum_(counts_V)
+            dist.all_reduce_sum_(counts_V)
         if self.dead_codes is None:
             return 0
         self.dead_codes.observe(counts_V, step)
         dead_V = self.dead_codes.dead(step)
         if not bool(dead_V.any()):
             return 0
-        candidates_MC = torch.cat([torch.cat(zs) for zs in stats.z_per_scale])
-        restarted = restart_codes_(weight_VC, dead_V, candidates_MC, self.restart_generator)
+        restarted = restart_codes_(weight_VC, dead_V, stats.candidates(), self.restart_generator)
         with torch.no_grad():
-            _broadcast_from_rank0_(weight_VC.data)
+            dist.broadcast_(weight_VC.data)
         if self.ema is not None:
             self.ema.reset_codes_(dead_V, weight_VC)
         self.dead_codes.revive(dead_V, step)
@@ -546,8 +449,8 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
                 counts_SV[si] += torch.bincount(idx.flatten(), minlength=c.vocab_size).float()
             if inception is not None:
                 if self._real_fid_stats is None:
-                    real_feats.append(_inception_features(inception, img_B3HW))
-                fake_feats.append(_inception_features(inception, recon_B3HW))
+                    real_feats.append(inception_features(inception, img_B3HW))
+                fake_feats.append(inception_features(inception, recon_B3HW))
         metrics: dict[str, float] = {"psnr": psnr_sum / max(count, 1)}
         usage = usage_from_counts(counts_SV.sum(dim=0))
         metrics["codebook_used_pct"] = float(usage.used_frac) * 100

@@ -1,6 +1,6 @@
 """VAR: class-conditional next-scale prediction, trained by teacher forcing on the token maps of a FROZEN tokenizer.
 
-`trainlab train var --config configs/var_d16.yaml --data-root /path/imagenet --tokenizer vae_ch160v4096z32.pth`
+`trainlab train var --config var_d16 --data-root /path/imagenet --tokenizer vae_ch160v4096z32.pth`
 
 What one step does (official `trainer.py: train_step`):
     tokens  = tokenizer.img_to_idx(image)               (or read from the token cache); float32, autocast off
@@ -29,9 +29,9 @@ Evaluation reports the same with a `val_` prefix, class dropout OFF. Deviation: 
 
 Tokenizer: loaded from `--tokenizer` (official `vae_ch160v4096z32.pth`, a trainlab-exported VQVAE state_dict as
 .pth/.safetensors, a trainlab checkpoint holding a VQVAE, or an official `ar-ckpt-*.pth`), frozen (eval,
-requires_grad False). It is NOT one of the engine's models: it is in no phase, not DDP-wrapped, not in
-`ckpt/last.pt` (which stays VAR-only and small); instead the checkpoint records the SHA-256 of its weights and a
-resume with different tokenizer weights is refused. trainlab never downloads weights: get them from
+requires_grad False): one of the engine's frozen models, in no phase, not DDP-wrapped, not in `ckpt/last.pt`
+(which stays VAR-only and small); instead the checkpoint records the SHA-256 of its weights and a resume with
+different tokenizer weights is refused. trainlab never downloads weights: get them from
 https://huggingface.co/FoundationVision/var (`vae_ch160v4096z32.pth`, `var_d16.pth`, ...) and pass the paths.
 
 Progressive training (official `--pg`, off by default, used for the 512 px d30 run): with progressive_until = X
@@ -55,22 +55,18 @@ official code and `trainlab sample`) and `var_export.safetensors`; `export_run(r
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import from_dict, option
-from trainlab.data.image_folder import ImageFolderDataset, scan_image_folder
-from trainlab.data.synthetic import class_gradient_images
-from trainlab.data.tensors import FlipMode, TensorImageDataset
+from trainlab.data.splits import ImageSplit, image_splits
 from trainlab.data.token_cache import (
     VARIANT_MIRRORED,
     VARIANT_PLAIN,
@@ -83,35 +79,18 @@ from trainlab.data.token_cache import (
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
+from trainlab.losses.token_cross_entropy import TokenMetricTotals, token_metrics, weighted_token_cross_entropy
+from trainlab.models.var.loading import export_var, load_official_into_, load_tokenizer
+from trainlab.models.var.scales import scale_slices, sequence_length
 from trainlab.models.var.transformer import PATCH_NUMS_256, VAR, VARConfig
-from trainlab.models.var.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
+from trainlab.models.var.vqvae import VQVAE
+from trainlab.optim.param_groups import param_groups
+from trainlab.recipes.var_progressive import ProgressiveSchedule
 
 log = logging.getLogger(__name__)
 
 DatasetKind = Literal["image-folder", "digits", "fake"]
-TOKENIZER_CONFIGS = ("auto", "official", "digits", "debug")
-# configs/tokenizer_digits.yaml (`trainlab train tokenizer`): the 16 px digits tokenizer, 256 codes of width 8.
-DIGITS_TOKENIZER = VQVAEConfig(vocab_size=256, z_channels=8, ch=32, ch_mult=(1, 1, 2), num_res_blocks=1)
-# Official `train.py` nowd_keys; with `filter_params`' rule "1-D or name ends with bias" they select no-decay params.
-NO_WEIGHT_DECAY_KEYWORDS = (
-    "cls_token",
-    "start_token",
-    "task_token",
-    "cfg_uncond",
-    "pos_embed",
-    "pos_1LC",
-    "pos_start",
-    "start_pos",
-    "lvl_embed",
-    "gamma",
-    "beta",
-    "ada_gss",
-    "moe_bias",
-    "scale_mul",
-)
-EXPORT_PTH = "var_export.pth"
-EXPORT_SAFETENSORS = "var_export.safetensors"
-HUGGINGFACE_REPO = "https://huggingface.co/FoundationVision/var"
+TokenizerArchitecture = Literal["auto", "official", "digits", "debug"]  # auto or a VQVAE_PRESETS name
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -145,10 +124,8 @@ class VARTrainConfig(TrainConfig):
     init_from: str = option("", "fine-tune from official var_d*.pth weights (strict load; '' = from scratch)")
     # ------------------------------------------------------------------------------------------ tokenizer
     tokenizer: str = option("", "frozen tokenizer weights: vae_ch160v4096z32.pth or a trainlab-exported VQVAE")
-    tokenizer_config: str = option(
-        "auto",
-        "tokenizer architecture: auto (inferred from the weights), official (ch160 v4096 z32), digits "
-        "(configs/tokenizer_digits.yaml), debug",
+    tokenizer_config: TokenizerArchitecture = option(
+        "auto", "tokenizer architecture: auto (from the weights) or a VQVAE preset (official = ch160 v4096 z32)"
     )
     # ----------------------------------------------------------------------------------------------- data
     dataset: DatasetKind = option("image-folder", "image-folder (data_root/train, data_root/val), digits, or fake")
@@ -195,10 +172,6 @@ class VARTrainConfig(TrainConfig):
                 f"precision {self.precision!r} casts VAR's weights to 16 bits; use fp16-amp-scale (official), bf16-amp "
                 "or fp32"
             )
-        if self.tokenizer_config not in TOKENIZER_CONFIGS:
-            raise UsageError(
-                f"unknown --tokenizer-config {self.tokenizer_config!r}; choose one of: {', '.join(TOKENIZER_CONFIGS)}"
-            )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise UsageError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0.0 <= self.cond_drop_rate <= 1.0:
@@ -221,24 +194,6 @@ class VARTrainConfig(TrainConfig):
 # ------------------------------------------------------------------------------------------------- building
 
 
-def no_weight_decay(name: str, param: nn.Parameter) -> bool:
-    """Official `filter_params`: 1-D parameters, biases and names with a `NO_WEIGHT_DECAY_KEYWORDS` entry."""
-    return param.ndim == 1 or name.endswith("bias") or any(k in name for k in NO_WEIGHT_DECAY_KEYWORDS)
-
-
-def param_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict[str, Any]]:
-    """Two AdamW groups, decayed and not, both at the same peak lr (the schedule keeps per-group ratios)."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (no_decay if no_weight_decay(name, param) else decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay, "lr": lr, "group": "decay"},
-        {"params": no_decay, "weight_decay": 0.0, "lr": lr, "group": "no_decay"},
-    ]
-
-
 def var_model_config(cfg: VARTrainConfig, vae_embed_dim: int) -> VARConfig:
     """The `VARConfig` a training config describes (the code width comes from the tokenizer)."""
     return VARConfig.from_depth(
@@ -255,83 +210,6 @@ def var_model_config(cfg: VARTrainConfig, vae_embed_dim: int) -> VARConfig:
     )
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """A state_dict from .safetensors or a torch file (weights_only), unwrapping trainlab / official checkpoints."""
-    if not path.is_file():
-        raise UsageError(
-            f"tokenizer weights {path} not found; download vae_ch160v4096z32.pth from {HUGGINGFACE_REPO} "
-            "(trainlab never downloads) and pass its path to --tokenizer"
-        )
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return dict(load_file(str(path)))
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        first = (str(err).splitlines() or ["unreadable"])[0][:160]
-        raise UsageError(f"tokenizer weights {path} could not be read ({first}); pass a VQVAE state_dict") from None
-    if isinstance(state, dict) and state.get("format") == "trainlab-checkpoint":
-        models = state.get("models", {})
-        found = [sd for sd in models.values() if isinstance(sd, dict) and "quantize.embedding.weight" in sd]
-        if len(found) != 1:
-            raise UsageError(f"trainlab checkpoint {path} holds no single VQVAE model; pass exported tokenizer weights")
-        return dict(found[0])
-    if isinstance(state, dict) and isinstance(state.get("trainer"), dict) and "vae_local" in state["trainer"]:
-        return dict(state["trainer"]["vae_local"])  # official ar-ckpt-*.pth
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UsageError(f"{path} is not a VQVAE state_dict; pass vae_ch160v4096z32.pth or exported tokenizer weights")
-    return dict(state)
-
-
-def load_tokenizer(path: str, preset: str, patch_nums: Sequence[int], *, seed: int = 0) -> VQVAE:
-    """The frozen tokenizer: eval mode, requires_grad False, float32 on CPU.
-
-    Args:
-        path: weights file; '' only with preset "debug" (a seeded random tiny VQVAE, for tests and --debug).
-        preset: "auto" (architecture inferred from the weights), "official" (vae_ch160v4096z32), "digits"
-            (`DIGITS_TOKENIZER`) or "debug".
-        patch_nums: the token-map sides VAR is trained on.
-        seed: seed of the random debug tokenizer.
-
-    Raises:
-        UsageError: missing or unreadable file, or weights that do not fit the preset.
-    """
-    patch_nums = tuple(int(pn) for pn in patch_nums)
-    if not path:
-        if preset != "debug":
-            raise UsageError(
-                f"--tokenizer is required: download vae_ch160v4096z32.pth from {HUGGINGFACE_REPO} "
-                "(or export a trainlab tokenizer) and pass its path"
-            )
-        with torch.random.fork_rng(devices=[]):  # leaves the global RNG (VAR's init) untouched
-            torch.manual_seed(seed + 7919)
-            model = VQVAE(dataclasses.replace(VQVAEConfig.debug(), patch_nums=patch_nums))
-            with torch.no_grad():  # spread-out codes, so that images use many of them
-                model.quantize.embedding.weight.normal_(0.0, 0.5)
-        log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer given); only for tests and --debug")
-        return model.freeze()
-    state = _read_weights(Path(path))
-    if preset == "auto":
-        vq_cfg = infer_vqvae_config(state, patch_nums)
-    elif preset == "official":
-        vq_cfg = VQVAEConfig.official(patch_nums)
-    elif preset == "digits":
-        vq_cfg = dataclasses.replace(DIGITS_TOKENIZER, patch_nums=patch_nums)
-    else:
-        vq_cfg = dataclasses.replace(VQVAEConfig.debug(), patch_nums=patch_nums)
-    model = VQVAE(vq_cfg)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        first = str(err).splitlines()[0][:200]
-        raise UsageError(
-            f"tokenizer weights {path} do not fit --tokenizer-config {preset} ({first}); try --tokenizer-config auto"
-        ) from None
-    log.info("tokenizer: %s (%s, V=%d, Cv=%d, ch=%d)", path, preset, vq_cfg.vocab_size, vq_cfg.z_channels, vq_cfg.ch)
-    return model.freeze()
-
-
 def _check_tokenizer(cfg: VARTrainConfig, tokenizer: VQVAE) -> None:
     vq = tokenizer.cfg
     if vq.vocab_size != cfg.vocab_size:
@@ -345,100 +223,6 @@ def _check_tokenizer(cfg: VARTrainConfig, tokenizer: VQVAE) -> None:
             f"--image-size {cfg.image_size} does not match patch_nums[-1]={cfg.patch_nums[-1]} x the tokenizer's "
             f"downsample {vq.downsample} = {side}; set --image-size {side} or change --patch-nums"
         )
-
-
-@dataclasses.dataclass
-class _Split:
-    """One split's image dataset, class count, and how to build its fixed-preprocessing variants for a cache."""
-
-    images: Dataset[dict[str, torch.Tensor]]
-    num_classes: int
-    description: dict[str, Any]
-    variants: Callable[[tuple[str, ...]], list[Dataset[dict[str, torch.Tensor]]]]
-
-
-# --------------------------------------------------------------------------------------------- progressive
-
-
-@dataclasses.dataclass(frozen=True)
-class ProgressiveSchedule:
-    """Official progressive training as a pure function of the optimizer step (see the module docstring).
-
-    Attributes:
-        num_scales: K.
-        start_scale: last scale index of the first stage (official pg0).
-        warmup_steps: steps of the lr warm-up (stage one lasts at least this long).
-        end_step: step from which all scales are trained (progressive_until x total steps).
-        stage_warmup_steps: steps over which a new scale's loss weight ramps from 0.01 to 1 (official prog_wp_it).
-    """
-
-    num_scales: int
-    start_scale: int
-    warmup_steps: int
-    end_step: float
-    stage_warmup_steps: float
-
-    def scale(self, step: int) -> int:
-        """Index of the last trained scale at `step` (official prog_si before its "-1 = all" rewrite)."""
-        last = self.num_scales - 1
-        if step <= self.warmup_steps:
-            return self.start_scale
-        if step >= self.end_step:
-            return last
-        progress = min(max((step - self.warmup_steps) / (self.end_step - self.warmup_steps), 0.0), 1.0)
-        return self.start_scale + round(progress * (last - self.start_scale))
-
-    def stage_start(self, step: int) -> int:
-        """First step of the stage containing `step` (scale() is non-decreasing, so a bisection finds it)."""
-        target = self.scale(step)
-        return bisect.bisect_left(range(step + 1), target, key=self.scale)
-
-    def weight(self, step: int) -> float:
-        """Loss weight of the newest scale (official prog_wp): 1 in the first stage, else a 0.01 -> 1 ramp."""
-        if self.scale(step) == self.scale(0):
-            return 1.0
-        it = step - self.stage_start(step) + 1
-        return max(min(it / max(self.stage_warmup_steps, 1e-8), 1.0), 0.01)
-
-
-# ------------------------------------------------------------------------------------------------- metrics
-
-
-def scale_slices(patch_nums: Sequence[int]) -> list[slice]:
-    """Token positions of each scale in the concatenated sequence."""
-    out, start = [], 0
-    for pn in patch_nums:
-        out.append(slice(start, start + pn * pn))
-        start += pn * pn
-    return out
-
-
-@torch.no_grad()
-def token_metrics(
-    ce_BL: torch.Tensor,
-    logits_BLV: torch.Tensor,
-    target_BL: torch.Tensor,
-    slices: Sequence[slice],
-    *,
-    all_scales: bool,
-    per_scale: bool,
-) -> dict[str, torch.Tensor]:
-    """Mean, last-scale (when `all_scales`) and optionally per-scale unsmoothed cross-entropy and token accuracy.
-
-    `slices` covers exactly the positions in `logits_BLV`: fewer scales during progressive training, where no
-    last-scale metric is reported (`all_scales` False), as in the official code.
-    """
-    ce_BL = ce_BL.detach().float()
-    correct_BL = (logits_BLV.detach().argmax(dim=-1) == target_BL).float()
-    out = {"cross_entropy_mean": ce_BL.mean(), "token_accuracy_mean": correct_BL.mean()}
-    if all_scales:
-        out["cross_entropy_last_scale"] = ce_BL[:, slices[-1]].mean()
-        out["token_accuracy_last_scale"] = correct_BL[:, slices[-1]].mean()
-    if per_scale:
-        for k, sl in enumerate(slices):
-            out[f"cross_entropy_scale_{k}"] = ce_BL[:, sl].mean()
-            out[f"token_accuracy_scale_{k}"] = correct_BL[:, sl].mean()
-    return out
 
 
 # --------------------------------------------------------------------------------------------------- recipe
@@ -474,86 +258,12 @@ class VARRecipe(Recipe[VARTrainConfig]):
         self.train_images: Dataset[dict[str, torch.Tensor]] | None = None
         self.val_set: Dataset[dict[str, torch.Tensor]] | None = None
         self.slices = scale_slices(config.patch_nums)
-        self.seq_len = sum(pn * pn for pn in config.patch_nums)
+        self.seq_len = sequence_length(config.patch_nums)
         self._progressive: tuple[int, ProgressiveSchedule] | None = None  # (total steps it was built for, schedule)
 
     # --------------------------------------------------------------------------------------------- data
-    def _splits(self) -> tuple[_Split, _Split | None]:
-        c = self.config
-        if c.dataset == "image-folder":
-            train_index = scan_image_folder(c.data_root / "train")
-
-            def folder_variants(index: Any) -> Callable[[tuple[str, ...]], list[Dataset[dict[str, torch.Tensor]]]]:
-                def make(variants: tuple[str, ...]) -> list[Dataset[dict[str, torch.Tensor]]]:
-                    return [
-                        ImageFolderDataset(
-                            index.root,
-                            image_size=c.image_size,
-                            train=False,
-                            flip="always" if v == VARIANT_MIRRORED else "none",
-                            index=index,
-                        )
-                        for v in variants
-                    ]
-
-                return make
-
-            train_set = ImageFolderDataset(
-                train_index.root,
-                image_size=c.image_size,
-                train=True,
-                horizontal_flip=c.horizontal_flip,
-                seed=c.seed,
-                index=train_index,
-            )
-            train = _Split(train_set, len(train_index.classes), train_set.describe(), folder_variants(train_index))
-            val_root = c.data_root / "val"
-            if not val_root.is_dir():
-                log.warning("no validation folder %s: evaluation is off", val_root)
-                return train, None
-            val_index = scan_image_folder(val_root)
-            if val_index.classes != train_index.classes:
-                raise UsageError(
-                    f"{val_root} and {c.data_root / 'train'} have different class folders; both need the same classes"
-                )
-            val_set = ImageFolderDataset(val_root, image_size=c.image_size, train=False, index=val_index)
-            return train, _Split(val_set, len(val_index.classes), val_set.describe(), folder_variants(val_index))
-
-        if c.dataset == "digits":
-            from trainlab.data.digits import NUM_CLASSES, load_digits_dataset
-
-            def digits(split: Literal["train", "heldout"]) -> _Split:
-                data = load_digits_dataset(resolution=c.image_size, split=split, seed=0)  # fixed split, as the judge
-                desc = {"kind": "digits", "split": split, "size": len(data), "image_size": c.image_size}
-                return self._tensor_split(data.images_N3HW, data.labels_N, NUM_CLASSES, desc, train=split == "train")
-
-            return digits("train"), digits("heldout")
-
-        num_fake = min(c.num_classes, 10)
-
-        def fake(num: int, seed: int, train: bool) -> _Split:
-            images_N3HW, labels_N = class_gradient_images(num, c.image_size, num_fake, seed)
-            desc = {"kind": "fake", "size": num, "seed": seed, "image_size": c.image_size, "classes": num_fake}
-            return self._tensor_split(images_N3HW, labels_N, num_fake, desc, train=train)
-
-        return fake(c.fake_num_images, c.seed, True), fake(max(c.fake_num_images // 4, 8), c.seed + 1, False)
-
-    def _tensor_split(
-        self, images_N3HW: torch.Tensor, labels_N: torch.Tensor, num_classes: int, desc: dict[str, Any], train: bool
-    ) -> _Split:
-        """A split of in-memory images (digits, fake): flips as configured; cache variants plain / mirrored."""
-
-        def make(variants: tuple[str, ...]) -> list[Dataset[dict[str, torch.Tensor]]]:
-            flips: list[FlipMode] = ["always" if v == VARIANT_MIRRORED else "none" for v in variants]
-            return [TensorImageDataset(images_N3HW, labels_N, flip=f) for f in flips]
-
-        flip: FlipMode = "random" if train and self.config.horizontal_flip else "none"
-        return _Split(
-            TensorImageDataset(images_N3HW, labels_N, flip=flip, seed=self.config.seed), num_classes, desc, make
-        )
-
     def _cached(
-        self, split: _Split, name: str, tokenizer: VQVAE, device: torch.device, train: bool
+        self, split: ImageSplit, name: str, tokenizer: VQVAE, device: torch.device, train: bool
     ) -> Dataset[dict[str, torch.Tensor]]:
         c = self.config
         variants = (VARIANT_PLAIN, VARIANT_MIRRORED) if (train and c.horizontal_flip) else (VARIANT_PLAIN,)
@@ -584,7 +294,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         var = VAR(var_model_config(c, tokenizer.cfg.z_channels))
         var.init_weights(c.init_adaln, c.init_adaln_gamma, c.init_head, c.init_std)
         if c.init_from:
-            _load_official_var(var, Path(c.init_from))
+            load_official_into_(var, Path(c.init_from))
         var = var.to(device)
         lr = c.peak_learning_rate
         groups = param_groups(var, c.weight_decay, lr)
@@ -610,7 +320,15 @@ class VARRecipe(Recipe[VARTrainConfig]):
         c = self.config
         tokenizer = parts.frozen["tokenizer"]
         assert isinstance(tokenizer, VQVAE)
-        train, val = self._splits()
+        train, val = image_splits(
+            c.dataset,
+            data_root=c.data_root,
+            image_size=c.image_size,
+            horizontal_flip=c.horizontal_flip,
+            seed=c.seed,
+            fake_num_images=c.fake_num_images,
+            fake_classes=min(c.num_classes, 10),
+        )
         if train.num_classes > c.num_classes:
             raise UsageError(
                 f"the dataset has {train.num_classes} classes but the model has --num-classes {c.num_classes}; "
@@ -659,7 +377,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
     def teacher_forcing_input(self, tokenizer: nn.Module, tokens_BL: torch.Tensor) -> torch.Tensor:
         """x (B, L - first_l, Cv): the accumulated f_hat of scales < k on scale k's grid, float32."""
         assert isinstance(tokenizer, VQVAE)
-        idx_list = list(torch.split(tokens_BL, [pn * pn for pn in self.config.patch_nums], dim=1))
+        idx_list = list(torch.split(tokens_BL, [s.stop - s.start for s in self.slices], dim=1))
         with torch.no_grad(), torch.autocast(tokens_BL.device.type, enabled=False):
             return tokenizer.quantize.idx_to_var_input(idx_list)
 
@@ -683,15 +401,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
             metrics.update(progressive_scale=float(stage_scale), progressive_weight=prog_weight)
         logits_BLV = models["var"](label_B, x_BLCv[:, : end - first_l])
         target_BL = tokens_BL[:, :end]
-        B, L, V = logits_BLV.shape
-        ce_BL = F.cross_entropy(logits_BLV.view(-1, V), target_BL.reshape(-1), reduction="none").view(B, L)
-        if c.label_smoothing > 0:
-            train_ce_BL = F.cross_entropy(
-                logits_BLV.view(-1, V), target_BL.reshape(-1), label_smoothing=c.label_smoothing, reduction="none"
-            ).view(B, L)
-        else:
-            train_ce_BL = ce_BL
-        loss = train_ce_BL.mul(weight_L).sum(dim=-1).mean()
+        loss, ce_BL = weighted_token_cross_entropy(logits_BLV, target_BL, weight_L, c.label_smoothing)
         per_scale = info.log_now
         slices = self.slices[: stage_scale + 1]
         all_scales = len(slices) == len(self.slices)
@@ -727,39 +437,17 @@ class VARRecipe(Recipe[VARTrainConfig]):
             num_workers=c.num_workers,
             generator=torch.Generator().manual_seed(0),
         )
-        K = len(c.patch_nums)
-        ce_sum_K = torch.zeros(K, dtype=torch.float64, device=device)
-        correct_K = torch.zeros(K, dtype=torch.float64, device=device)
-        images = 0
+        totals = TokenMetricTotals(self.slices, device)
         for batch in loader:
-            if c.eval_max_images and images >= c.eval_max_images:
+            if c.eval_max_images and totals.images >= c.eval_max_images:
                 break
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             if c.eval_max_images:
-                batch = {k: v[: c.eval_max_images - images] for k, v in batch.items()}
+                batch = {k: v[: c.eval_max_images - totals.images] for k, v in batch.items()}
             tokens_BL = self.tokens(tokenizer, batch)
             logits_BLV = var(batch["label"], self.teacher_forcing_input(tokenizer, tokens_BL), cond_drop_rate=0.0)
-            B, L, V = logits_BLV.shape
-            ce_BL = F.cross_entropy(logits_BLV.float().view(-1, V), tokens_BL.reshape(-1), reduction="none").view(B, L)
-            correct_BL = (logits_BLV.argmax(-1) == tokens_BL).double()
-            for k, sl in enumerate(self.slices):
-                ce_sum_K[k] += ce_BL[:, sl].double().sum()
-                correct_K[k] += correct_BL[:, sl].sum()
-            images += B
-        if images == 0:
-            return {}
-        tokens_K = torch.tensor([images * pn * pn for pn in c.patch_nums], dtype=torch.float64, device=device)
-        out = {
-            "val_cross_entropy_mean": float(ce_sum_K.sum() / tokens_K.sum()),
-            "val_cross_entropy_last_scale": float(ce_sum_K[-1] / tokens_K[-1]),
-            "val_token_accuracy_mean": float(correct_K.sum() / tokens_K.sum()),
-            "val_token_accuracy_last_scale": float(correct_K[-1] / tokens_K[-1]),
-            "val_images": float(images),
-        }
-        for k in range(K):
-            out[f"val_cross_entropy_scale_{k}"] = float(ce_sum_K[k] / tokens_K[k])
-            out[f"val_token_accuracy_scale_{k}"] = float(correct_K[k] / tokens_K[k])
-        return out
+            totals.add(logits_BLV, tokens_BL)
+        return totals.metrics(prefix="val_")
 
     # --------------------------------------------------------------------------------------- resume/debug
     def state_dict(self) -> dict[str, Any]:
@@ -804,42 +492,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         )
 
 
-# --------------------------------------------------------------------------------------------- load/export
-
-
-def _load_official_var(var: VAR, path: Path) -> None:
-    """Strictly load official `var_d*.pth` weights into `var` (one-line UsageError when they do not fit)."""
-    from trainlab.models.var.loading import infer_var_config, read_state_dict
-
-    state = read_state_dict(path, "VAR")
-    found = infer_var_config(state, var.cfg.patch_nums)
-    for field in ("depth", "embed_dim", "num_heads", "shared_adaln", "num_classes", "vocab_size", "vae_embed_dim"):
-        have, want = getattr(found, field), getattr(var.cfg, field)
-        if have != want:
-            flag = "--" + field.replace("_", "-")
-            raise UsageError(f"--init-from {path} has {field}={have} but this run builds {want}; set {flag} {have}")
-    try:
-        var.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0][:200]
-        raise UsageError(f"--init-from {path} does not fit the model ({first}); check --patch-nums") from None
-    log.info("initialised VAR from %s (strict load)", path)
-
-
-def export_var(var: VAR, run_dir: Path) -> tuple[Path, Path]:
-    """Write `var_export.pth` and `var_export.safetensors` (official state_dict format, atomic) into `run_dir`.
-
-    Both load with `trainlab.models.var.loading.load_official` / `trainlab sample` and the official code.
-
-    Returns:
-        The two paths.
-    """
-    from trainlab.models.var.loading import export_official
-
-    run_dir = Path(run_dir)
-    paths = export_official(var, run_dir / EXPORT_PTH), export_official(var, run_dir / EXPORT_SAFETENSORS)
-    log.info("exported VAR weights: %s, %s", *paths)
-    return paths
+# -------------------------------------------------------------------------------------------------- export
 
 
 def export_run(run_dir: str | Path, checkpoint: str = "last") -> tuple[Path, Path]:

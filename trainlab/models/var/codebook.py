@@ -17,7 +17,7 @@ make every rank restart the same codes with the same vectors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -89,6 +89,33 @@ def assignment_sums(
     counts_V = torch.bincount(idx_M, minlength=vocab_size).float()
     sums_VC = z_MC.new_zeros(vocab_size, z_MC.shape[1]).index_add_(0, idx_M, z_MC)
     return counts_V, sums_VC
+
+
+@dataclass
+class StepAssignments:
+    """Code assignments of all micro-batches of one optimizer step, so that EMA updates and dead-code restarts act
+    once per step on exactly what one large batch would give (counts and sums add; residuals keep batch order)."""
+
+    z_per_scale: list[list[torch.Tensor]] = field(default_factory=list)
+    counts_V: torch.Tensor | None = None
+    sums_VC: torch.Tensor | None = None
+
+    def add(
+        self, z_list: Sequence[torch.Tensor], idx_list: Sequence[torch.Tensor], counts_V: torch.Tensor, with_sums: bool
+    ) -> None:
+        """One micro-batch: its per-scale residuals (`scale_residuals`), codes and hits per code."""
+        if with_sums:
+            counts_V, sums_VC = assignment_sums(z_list, idx_list, int(counts_V.shape[0]))
+            self.sums_VC = sums_VC if self.sums_VC is None else self.sums_VC + sums_VC
+        self.counts_V = counts_V.clone() if self.counts_V is None else self.counts_V + counts_V
+        if not self.z_per_scale:
+            self.z_per_scale = [[] for _ in z_list]
+        for scale, z in enumerate(z_list):
+            self.z_per_scale[scale].append(z)
+
+    def candidates(self) -> torch.Tensor:
+        """Every residual vector of the step (M, C), scale by scale, in batch order: restart candidates."""
+        return torch.cat([torch.cat(zs) for zs in self.z_per_scale])
 
 
 class EMACodebook:

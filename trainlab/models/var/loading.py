@@ -8,6 +8,7 @@ with `weights_only=True`, infers both architectures from the key shapes and load
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import re
@@ -22,13 +23,17 @@ from torch import nn
 
 from trainlab.errors import UsageError
 from trainlab.models.var.transformer import VAR, VARConfig
-from trainlab.models.var.vqvae import VQVAE, infer_vqvae_config
+from trainlab.models.var.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
+
+log = logging.getLogger(__name__)
 
 # Shape legend: L tokens (all scales), C width, K number of scales.
 
 _VAR_KEYS = ("pos_1LC", "class_emb.weight", "word_embed.weight", "head.weight", "blocks.0.attn.mat_qkv.weight")
 _VQVAE_KEYS = ("encoder.conv_in.weight", "decoder.conv_out.weight", "quantize.embedding.weight")
 _SUFFIXES = (".pth", ".pt", ".safetensors")
+VAR_EXPORT_PTH = "var_export.pth"  # what `trainlab train var` writes into its run directory
+VAR_EXPORT_SAFETENSORS = "var_export.safetensors"
 
 
 def _first_line(err: BaseException) -> str:
@@ -229,3 +234,78 @@ def export_official(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def load_tokenizer(path: str, preset: str, patch_nums: Sequence[int], *, seed: int = 0) -> VQVAE:
+    """The frozen tokenizer: eval mode, requires_grad False, float32 on CPU.
+
+    Args:
+        path: weights file; '' only with preset "debug" (a seeded random tiny VQVAE, for tests and --debug).
+        preset: "auto" (architecture inferred from the weights) or a name in `VQVAE_PRESETS` ("official":
+            vae_ch160v4096z32, "digits", "debug").
+        patch_nums: the token-map sides VAR is trained on.
+        seed: seed of the random debug tokenizer.
+
+    Raises:
+        UsageError: missing or unreadable file, or weights that do not fit the preset.
+    """
+    patch_nums = tuple(int(pn) for pn in patch_nums)
+    if not path:
+        if preset != "debug":
+            raise UsageError(
+                "--tokenizer is required: download vae_ch160v4096z32.pth from huggingface.co/FoundationVision/var "
+                "(or export a trainlab tokenizer) and pass its path"
+            )
+        with torch.random.fork_rng(devices=[]):  # leaves the global RNG (VAR's init) untouched
+            torch.manual_seed(seed + 7919)
+            model = VQVAE(VQVAEConfig.preset("debug", patch_nums))
+            with torch.no_grad():  # spread-out codes, so that images use many of them
+                model.quantize.embedding.weight.normal_(0.0, 0.5)
+        log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer given); only for tests and --debug")
+        return model.freeze()
+    state = read_state_dict(path, "VQVAE")
+    _check_kind(state, path, "VQVAE")
+    vq_cfg = infer_vqvae_config(state, patch_nums) if preset == "auto" else VQVAEConfig.preset(preset, patch_nums)
+    model = VQVAE(vq_cfg)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        first = str(err).splitlines()[0][:200]
+        raise UsageError(
+            f"tokenizer weights {path} do not fit --tokenizer-config {preset} ({first}); try --tokenizer-config auto"
+        ) from None
+    log.info("tokenizer: %s (%s, V=%d, Cv=%d, ch=%d)", path, preset, vq_cfg.vocab_size, vq_cfg.z_channels, vq_cfg.ch)
+    return model.freeze()
+
+
+def load_official_into_(var: VAR, path: Path) -> None:
+    """Strictly load official `var_d*.pth` weights into `var` (fine-tuning; one-line UsageError when they do not fit,
+    naming the `trainlab train var` flag to change)."""
+
+    state = read_state_dict(path, "VAR")
+    found = infer_var_config(state, var.cfg.patch_nums)
+    for field in ("depth", "embed_dim", "num_heads", "shared_adaln", "num_classes", "vocab_size", "vae_embed_dim"):
+        have, want = getattr(found, field), getattr(var.cfg, field)
+        if have != want:
+            flag = "--" + field.replace("_", "-")
+            raise UsageError(f"--init-from {path} has {field}={have} but this run builds {want}; set {flag} {have}")
+    try:
+        var.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0][:200]
+        raise UsageError(f"--init-from {path} does not fit the model ({first}); check --patch-nums") from None
+    log.info("initialised VAR from %s (strict load)", path)
+
+
+def export_var(var: VAR, run_dir: Path) -> tuple[Path, Path]:
+    """Write `var_export.pth` and `var_export.safetensors` (official state_dict format, atomic) into `run_dir`.
+
+    Both load with `trainlab.models.var.loading.load_official` / `trainlab sample` and the official code.
+
+    Returns:
+        The two paths.
+    """
+    run_dir = Path(run_dir)
+    paths = export_official(var, run_dir / VAR_EXPORT_PTH), export_official(var, run_dir / VAR_EXPORT_SAFETENSORS)
+    log.info("exported VAR weights: %s, %s", *paths)
+    return paths

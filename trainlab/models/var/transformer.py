@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -340,43 +339,3 @@ class VAR(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-class _TokenCrossEntropy(torch.autograd.Function):
-    """sum_n w_n * CE_n with label smoothing, gradient (softmax - smoothed one-hot) * w computed in one pass over
-    the logits (F.cross_entropy materialises log-probabilities and a one-hot-sized gradient on the way)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, logits_NV: torch.Tensor, target_N: torch.Tensor, weight_N: torch.Tensor, smoothing: float
-    ) -> torch.Tensor:
-        lse_N1 = logits_NV.logsumexp(dim=-1, keepdim=True)
-        ce_N = lse_N1.squeeze(1) - logits_NV.gather(1, target_N.unsqueeze(1)).squeeze(1)
-        if smoothing > 0.0:
-            ce_N = (1.0 - smoothing) * ce_N + smoothing * (lse_N1.squeeze(1) - logits_NV.mean(dim=-1))
-        ctx.save_for_backward(logits_NV, target_N, weight_N)
-        ctx.smoothing = smoothing
-        return (ce_N * weight_N).sum()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        logits_NV, target_N, weight_N = ctx.saved_tensors
-        smoothing, V = ctx.smoothing, logits_NV.shape[1]
-        gw_N1 = (grad * weight_N).unsqueeze(1)
-        grad_NV = logits_NV.softmax(dim=-1)
-        if smoothing > 0.0:
-            grad_NV.sub_(smoothing / V)
-        grad_NV.scatter_add_(1, target_N.unsqueeze(1), gw_N1.new_full(gw_N1.shape, smoothing - 1.0))
-        return grad_NV.mul_(gw_N1), None, None, None
-
-
-def token_loss(logits_BLV: torch.Tensor, target_BL: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """The official training loss: per-token cross-entropy (optional label smoothing), weight 1/L, summed over L,
-    mean over the batch (= the mean token CE). Same value and gradient as `F.cross_entropy(..., reduction="none")`
-    weighted that way, computed with one less pass over the (B, L, V) logits."""
-    B, L, V = logits_BLV.shape
-    weight_N = logits_BLV.new_full((B * L,), 1.0 / (L * B), dtype=torch.float32)
-    logits_NV = logits_BLV.reshape(B * L, V).float()
-    loss = _TokenCrossEntropy.apply(logits_NV, target_BL.reshape(B * L), weight_N, float(label_smoothing))
-    assert isinstance(loss, torch.Tensor)
-    return loss

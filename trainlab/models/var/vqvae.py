@@ -8,6 +8,7 @@ Images are float tensors in [-1, 1]: `x = img_u8.float() / 255; img = x + x - 1`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -84,6 +85,23 @@ class VQVAEConfig:
     def debug(cls) -> VQVAEConfig:
         """A tiny model for tests: 16 px images, 4x4 latent, 4 scales, runs in milliseconds on a CPU."""
         return cls(vocab_size=64, z_channels=8, ch=32, ch_mult=(1, 1, 2), num_res_blocks=1, patch_nums=(1, 2, 3, 4))
+
+    @classmethod
+    def digits(cls) -> VQVAEConfig:
+        """The demo's tokenizer for 16 px digits: the debug width with 256 codes (0.8 M parameters)."""
+        return dataclasses.replace(cls.debug(), vocab_size=256)
+
+    @classmethod
+    def preset(cls, name: str, patch_nums: tuple[int, ...] | None = None) -> VQVAEConfig:
+        """A named architecture from `VQVAE_PRESETS`, optionally on other token-map sides."""
+        if name not in VQVAE_PRESETS:
+            raise UsageError(f"unknown VQVAE preset {name!r}; choose one of: {', '.join(VQVAE_PRESETS)}")
+        cfg = getattr(cls, name)()
+        return cfg if patch_nums is None else dataclasses.replace(cfg, patch_nums=tuple(patch_nums))
+
+
+VQVAE_PRESETS = ("official", "digits", "debug")
+"""The named VQVAE architectures (`VQVAEConfig.<name>()`), the one vocabulary both recipes and the demo use."""
 
 
 class VQVAE(nn.Module):

@@ -1,0 +1,59 @@
+"""torch-fidelity's InceptionV3 (2048-d pool features) from a LOCAL weights file, for FID-style metrics.
+
+Nothing is downloaded: pass `pt_inception-2015-12-05` (torch-fidelity's file) by path. Shapes: B images, D = 2048.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainlab.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def load_inception(path: Path) -> nn.Module:
+    """torch-fidelity's FeatureExtractorInceptionV3 ("inception-v3-compat", 2048-d features) with local weights.
+
+    Raises:
+        UsageError: missing file, torch-fidelity not installed, not a plain state_dict, or weights that do not fit.
+    """
+    if not path.is_file():
+        raise UsageError(f"--inception-weights {path} not found: pass a local pt_inception-2015-12-05 file")
+    try:
+        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+    except ImportError:
+        raise UsageError(
+            "--inception-weights needs torch-fidelity: pip install 'trainlab[rfid]' (or drop the flag)"
+        ) from None
+    try:  # torch-fidelity reloads the file with weights_only=False: check first that it is plain tensors
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # any unpickling problem is the user's file
+        first = (str(err).splitlines() or ["unreadable"])[0][:160]
+        raise UsageError(f"--inception-weights {path} is not a plain state_dict ({first})") from None
+    try:
+        extractor = FeatureExtractorInceptionV3(
+            "inception-v3-compat", ["2048"], feature_extractor_weights_path=str(path)
+        )
+    except RuntimeError as err:
+        first = str(err).splitlines()[0][:160]
+        raise UsageError(f"--inception-weights {path} does not fit torch-fidelity's InceptionV3 ({first})") from None
+    log.info("rFID on: torch-fidelity InceptionV3 (2048-d pool features) from %s", path)
+    module: nn.Module = extractor
+    return module
+
+
+def to_uint8(img_B3HW: torch.Tensor) -> torch.Tensor:
+    """Images in [-1, 1] to uint8 [0, 255] (what the Inception extractor takes)."""
+    return ((img_B3HW.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
+def inception_features(inception: nn.Module, img_B3HW: torch.Tensor) -> torch.Tensor:
+    """2048-d pool features (B, D) of images in [-1, 1], float64 on the CPU (autocast off)."""
+    with torch.autocast(device_type=img_B3HW.device.type, enabled=False):
+        (feats_BD,) = inception(to_uint8(img_B3HW))
+    return feats_BD.double().cpu()

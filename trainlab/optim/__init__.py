@@ -1,0 +1,1 @@
+"""Optimizer helpers shared by recipes: parameter groups and no-weight-decay rules."""
