@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trainlab.cli import main
 from trainlab.config import parse
@@ -22,6 +23,9 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert len(err) >= 1
     line = err[-1]
     assert "Traceback" not in "\n".join(err)
+    command = argv[0]
+    if command in ("train", "sample", "report", "bench", "demo"):  # the dispatcher's prefix, exactly once
+        assert line.startswith(f"trainlab {command}: error: ") and line.count("error:") == 1, line
     return line
 
 
@@ -29,8 +33,10 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ("argv", "expected"),
     [
         (["train", "nope"], "unknown recipe 'nope'"),
-        (["train", "toy", "--precision", "fp32-scale"], "not a valid combination"),
-        (["train", "toy", "--precision", "fp12"], "unknown precision"),
+        (["train", "toy", "--precision", "fp32-scale"], "argument --precision: invalid choice: 'fp32-scale'"),
+        (["train", "toy", "--precision", "fp12"], "invalid choice: 'fp12' (choose from 'fp32', 'fp16',"),
+        (["train", "toy", "--wandb", "maybe"], "invalid choice: 'maybe' (choose from 'off', 'online', 'offline')"),
+        (["train", "toy", "--schedule.kind", "steps"], "argument --schedule.kind: invalid choice: 'steps'"),
         (["train", "toy", "--batch-size", "0"], "--batch-size must be positive"),
         (["train", "toy", "--batch-size", "-4"], "--batch-size must be positive"),
         (["train", "toy", "--batch-size", "x"], "expected int"),
@@ -38,6 +44,16 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["train", "toy", "--config", "/nonexistent.yaml"], "config file /nonexistent.yaml not found"),
         (["train", "toy", "--resume", "/nonexistent.pt"], "not found"),
         (["frobnicate"], "unknown command"),
+        (["sample"], "missing required --vae-weights/--vae, --var-weights/--var, --classes"),
+        (["sample", "--vae", "v.pth", "--var", "w.pth", "--classes", "1"], "nothing to write"),
+        (["sample", "--classes", "1", "--cfg"], "argument --guidance/--cfg: expected one argument"),
+        (["sample", "--vae", "v", "--var", "w", "--classes", "1", "--top-k", "many"], "expected int, got 'many'"),
+        (["sample", "--no-such-flag"], "unrecognized arguments: --no-such-flag; see `trainlab sample --help`"),
+        (["report"], "missing required RUN_DIR"),
+        (["report", "/nonexistent-run"], "run directory /nonexistent-run does not exist"),
+        (["bench", "precision", "--modes", "fp32", "fp32-amp"], "argument --modes: invalid choice: 'fp32-amp'"),
+        (["bench", "precision", "--model", "resnet99"], "unknown model 'resnet99'"),
+        (["demo", "--samples-per-class", "0"], "--samples-per-class must be >= 1"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
@@ -97,3 +113,61 @@ def test_help_documents_every_field(python: str, run_env: dict[str, str]) -> Non
 def test_debug_flag_prints_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "toy", "--debug", "--run-dir", str(tmp_path)]) == 0
     assert "debug PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train", "toy", "--seed", "3", "--schedule.kind", "linear"], {"seed": 3, "precision": "fp32"}),
+        (["sample", "--vae", "v.pth", "--var", "w.pth", "--classes", "1", "2", "--cfg", "3", "--out", "g.png"],
+         {"vae_weights": "v.pth", "classes": ["1", "2"], "guidance": 3.0, "out_dir": None}),
+        (["bench", "precision", "--modes", "fp32", "bf16-amp"], {"modes": ["fp32", "bf16-amp"]}),
+        (["demo", "--quick"], {"quick": True}),
+    ],
+)  # fmt: skip
+def test_print_config_prints_yaml_and_runs_nothing(
+    argv: list[str], expected: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--print-config`: the resolved config as YAML on stdout, exit 0 (like --help), nothing run or written.
+    (`report` is covered in test_report_plots.py: it needs real run directories.)"""
+    if argv[0] in ("train", "demo"):
+        argv = [*argv, "--run-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--print-config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert {key: printed[key] for key in expected} == expected
+    if argv[0] == "train":
+        assert printed["schedule"]["kind"] == "linear"
+    assert not (tmp_path / "run").exists()
+
+
+def test_print_config_output_loads_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--seed", "7", "--wandb", "offline", "--schedule.warmup-fraction", "0.2", "--run-dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        parse(ToyConfig, [*argv, "--print-config"], prog="t")
+    (tmp_path / "printed.yaml").write_text(capsys.readouterr().out)
+    assert parse(ToyConfig, ["--config", str(tmp_path / "printed.yaml")], prog="t") == parse(ToyConfig, argv, prog="t")
+
+
+def test_print_config_exits_0_from_the_command_line(python: str, run_env: dict[str, str], tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [python, "-m", "trainlab", "train", "toy", "--run-dir", str(tmp_path / "run"), "--print-config"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["run_dir"] == str(tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_help_lists_literal_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "toy", "--help"])
+    out = capsys.readouterr().out
+    assert "--wandb {off,online,offline}" in out and "--schedule.kind {constant,cosine,linear,var-lin0}" in out
+    with pytest.raises(SystemExit):
+        main(["bench", "precision", "--help"])
+    assert "--modes {fp32,fp16,fp16-scale,bf16," in capsys.readouterr().out

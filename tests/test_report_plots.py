@@ -5,23 +5,19 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from trainlab.cli import main as cli_main
 from trainlab.commands.report import main as report_main
 from trainlab.errors import UsageError
-from trainlab.report.plots import (
-    group_runs,
-    load_run,
-    plot_comparison,
-    plot_run,
-    read_metrics,
-    summarize_run,
-    write_results_table,
-)
+from trainlab.report.plots import plot_comparison, plot_run
+from trainlab.report.runs import group_runs, load_run, read_metrics, summarize_run
+from trainlab.report.tables import write_results_table
 
 MIB = 2**20
 COMPARISON_PNGS = [
@@ -280,3 +276,49 @@ def test_saturated_accuracy_plots_stay_readable(
     loss_ax = figures["loss_vs_step.png"].axes[0]
     assert len(loss_ax.child_axes) == 1, "a falling loss keeps its tail zoom"
     assert not [w for w in recwarn if "No artists" in str(w.message)]
+
+
+def test_report_modules_split_by_concept(python: str, run_env: dict[str, str]) -> None:
+    """runs (reading), tables (results table) and plots (figures); only plots needs matplotlib."""
+    import trainlab.report.plots as plots
+    import trainlab.report.runs as runs_module
+    import trainlab.report.tables as tables
+
+    homes = {
+        runs_module: [
+            "read_metrics",
+            "read_config",
+            "latest_rows",
+            "RunData",
+            "load_run",
+            "group_runs",
+            "summarize_run",
+        ],
+        plots: ["plot_run", "plot_comparison"],
+        tables: ["write_results_table", "mean_std"],
+    }
+    for module, names in homes.items():
+        assert all(getattr(module, name).__module__ == module.__name__ for name in names), module.__name__
+    code = "import sys, trainlab.report.runs, trainlab.report.tables; print('matplotlib' in sys.modules)"
+    out = subprocess.run([python, "-c", code], env=run_env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_report_cli_errors_and_print_config(
+    runs: dict[str, list[Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the dispatcher: one error line, exit 2; --print-config prints YAML and runs nothing."""
+    assert cli_main(["report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "trainlab report: error: missing required RUN_DIR (on the command line or in the --config file); "
+        "see `trainlab report --help`"
+    ]
+    assert cli_main(["report", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.count("error:") == 1
+    one = runs["fp32"][0]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["report", str(one), "--out", str(tmp_path / "r"), "--print-config"])
+    assert exit_info.value.code == 0
+    assert yaml.safe_load(capsys.readouterr().out) == {"run_dirs": [str(one)], "out": str(tmp_path / "r")}
+    assert not (tmp_path / "r").exists()

@@ -191,3 +191,33 @@ def test_cli_errors(ckpts: tuple[Path, Path], tmp_path: Path) -> None:
     for argv, pattern in cases:
         with pytest.raises(UsageError, match=pattern):
             main(argv)
+
+
+def test_cli_flags_full_words_and_yaml_agree(tmp_path: Path) -> None:
+    """The short flags (--vae, --cfg, --n-per-class) are aliases of the full-word fields; YAML uses the field names."""
+    from trainlab.commands.sample import SampleConfig
+    from trainlab.config import parse
+
+    short = [
+        "--vae",
+        "a.pth",
+        "--var",
+        "b.pth",
+        "--classes",
+        "all",
+        "--n-per-class",
+        "2",
+        "--cfg",
+        "3",
+        "--out",
+        "g.png",
+    ]
+    full = ["--vae-weights", "a.pth", "--var-weights", "b.pth", "--classes", "all", "--samples-per-class", "2"]
+    full += ["--guidance", "3", "--out", "g.png"]
+    (tmp_path / "sample.yaml").write_text(
+        "vae_weights: a.pth\nvar_weights: b.pth\nclasses: all\nsamples_per_class: 2\nguidance: 3\nout: g.png\n"
+    )
+    configs = [parse(SampleConfig, argv, prog="trainlab sample") for argv in (short, full)]
+    configs.append(parse(SampleConfig, ["--config", str(tmp_path / "sample.yaml")], prog="trainlab sample"))
+    assert configs[0] == configs[1] == configs[2]
+    assert (configs[0].classes, configs[0].guidance, configs[0].samples_per_class) == (["all"], 3.0, 2)

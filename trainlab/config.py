@@ -1,8 +1,12 @@
 """Typed configs: dataclasses are the single source of truth; the CLI and YAML files are generated from them.
 
-A config is a `@dataclass(kw_only=True)` whose fields carry a `help` string (via `option`). Nested dataclasses
-become dotted flags (`--optimizer.learning-rate 0.1`). Resolution order: dataclass defaults, then `--config
-file.yaml`, then flags. Unknown keys or flags, wrong types and bad values are `UsageError`s (exit code 2).
+A config is a `@dataclass(kw_only=True)` whose fields carry a `help` string (via `option`; no default means
+required). Nested dataclasses become dotted flags (`--optimizer.learning-rate 0.1`); `option(..., positional=True)`
+makes a positional argument instead. A list field takes one or more values. A `Literal[...]` field accepts only its
+values (argparse choices on the command line, listed by `--help`; checked again in YAML). Resolution order: dataclass
+defaults, then `--config file.yaml`, then flags. Unknown keys or flags, missing required fields, wrong types and bad
+values are `UsageError`s (one line, exit code 2). `--print-config` prints the resolved config as YAML (loadable with
+`--config`) and exits 0 without running anything.
 """
 
 from __future__ import annotations
@@ -22,21 +26,35 @@ from trainlab.errors import UsageError
 T = TypeVar("T")
 
 
-def option(default: Any, help: str, **kwargs: Any) -> Any:
-    """A dataclass field with a help string (shown by `--help`). Mutable defaults are copied per instance."""
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    positional: bool = False,
+    metavar: str | None = None,
+    aliases: Sequence[str] = (),
+    **kwargs: Any,
+) -> Any:
+    """A dataclass field with a help string (shown by `--help`). Mutable defaults are copied per instance.
+
+    Args:
+        default: the value when neither `--config` nor a flag sets one; leave it out for a required field.
+        help: one line for `--help`.
+        positional: a positional command-line argument instead of a `--flag` (top-level fields only).
+        metavar: the placeholder `--help` shows for the value (`PATH`, `N`, ...).
+        aliases: extra flag spellings, e.g. `("--cfg",)` for a field named `guidance`.
+        **kwargs: passed on to `dataclasses.field`.
+    """
+    metadata = {"help": help, "positional": positional, "metavar": metavar, "aliases": tuple(aliases)}
     if isinstance(default, (list, dict, set)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
     if dataclasses.is_dataclass(default) and not isinstance(default, type):
-        return dataclasses.field(default_factory=lambda: dataclasses.replace(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+        return dataclasses.field(default_factory=lambda: dataclasses.replace(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _resolved_hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
 
 
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
@@ -46,6 +64,14 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
         if len(args) == 1 and len(get_args(tp)) == 2:
             return args[0], True
     return tp, False
+
+
+def _is_list(tp: Any) -> bool:
+    return get_origin(tp) in (tuple, list)
+
+
+def _item_type(tp: Any) -> Any:
+    return (get_args(tp) or (str,))[0]
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:
@@ -59,13 +85,15 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     try:
         if origin is Literal:
             choices = get_args(tp)
-            if value not in choices:
-                raise UsageError(f"{where}: {value!r} is not one of {', '.join(map(str, choices))}")
-            return value
+            if value in choices:
+                return value
+            same_text = [c for c in choices if str(c) == str(value)]  # a CLI string for a non-string literal
+            if same_text:
+                return same_text[0]
+            raise UsageError(f"{where}: {value!r} is not one of: {', '.join(map(str, choices))}")
         if origin in (tuple, list):
             items = value if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
-            item_tp = (get_args(tp) or (str,))[0]
-            converted = [_convert(v, item_tp, where) for v in items]
+            converted = [_convert(v, _item_type(tp), where) for v in items]
             return tuple(converted) if origin is tuple else converted
         if tp is bool:
             if isinstance(value, bool):
@@ -93,18 +121,46 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
 
 
 def _fields(cls: type) -> list[tuple[str, Any, dataclasses.Field[Any]]]:
-    hints = _resolved_hints(cls)
+    hints = typing.get_type_hints(cls)
     return [(f.name, hints[f.name], f) for f in dataclasses.fields(cls)]
 
 
+def _is_required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _missing(cls: type, data: dict[str, Any], prefix: str = "") -> list[tuple[str, dataclasses.Field[Any]]]:
+    """(dotted name, field) of every required field that `data` leaves unset."""
+    missing = []
+    for name, tp, f in _fields(cls):
+        if name not in data:
+            if _is_required(f):
+                missing.append((prefix + name, f))
+        elif dataclasses.is_dataclass(tp) and isinstance(data[name], dict):
+            missing += _missing(tp, data[name], f"{prefix}{name}.")  # type: ignore[arg-type]
+    return missing
+
+
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
-    """Build a dataclass from a (possibly partial, possibly nested) dict, validating every key."""
+    """Build a dataclass from a (possibly partial, possibly nested) dict, validating every key.
+
+    Args:
+        cls: the config dataclass.
+        data: field name -> value (a nested dict for a nested dataclass); missing fields take their defaults.
+        where: how error messages name the source (`config`, a file name, ...).
+
+    Raises:
+        UsageError: unknown key, missing required key, wrong type or a value the config's `validate()` refuses.
+    """
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected a mapping, got {type(data).__name__}")
     known = {name: (tp, f) for name, tp, f in _fields(cls)}
     unknown = set(data) - set(known)
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(known)}")
+    required = [name for name, (_, f) in known.items() if _is_required(f) and name not in data]
+    if required:
+        raise UsageError(f"{where}: missing required key(s) {', '.join(required)}")
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         tp, _ = known[name]
@@ -118,7 +174,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
-    """A YAML-safe dict of a dataclass (paths as strings, tuples as lists)."""
+    """A YAML-safe dict of a dataclass (paths as strings, tuples as lists); `from_dict` reads it back."""
 
     def clean(v: Any) -> Any:
         if isinstance(v, Path):
@@ -138,31 +194,58 @@ def _validate(obj: Any) -> None:
         check()
 
 
+def _shown_default(f: dataclasses.Field[Any]) -> str:
+    if _is_required(f):
+        return "required"
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
+    shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+    return f"default: {shown}"
+
+
+def _choices(tp: Any, optional: bool) -> list[str] | None:
+    """The command-line spellings of a Literal's values (plus `none` when the field is optional)."""
+    if get_origin(tp) is not Literal:
+        return None
+    return [str(c) for c in get_args(tp)] + (["none"] if optional else [])
+
+
 def _add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
     for name, tp, f in _fields(cls):
         dotted = prefix + name
         if dataclasses.is_dataclass(tp):
             _add_arguments(parser, tp, dotted + ".")  # type: ignore[arg-type]
             continue
-        help_text = f.metadata.get("help", "")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-        base, _ = _strip_optional(tp)
-        meta = None
-        if get_origin(base) is Literal:
-            meta = "{" + ",".join(map(str, get_args(base))) + "}"
-        nargs: str | None = "+" if get_origin(base) in (tuple, list) else None
+        base, optional = _strip_optional(tp)
+        is_list = _is_list(base)
+        choices = _choices(_item_type(base) if is_list else base, optional)
+        help_text = f"{f.metadata.get('help', '')} ({_shown_default(f)})"
+        metavar = f.metadata.get("metavar")
+        if f.metadata.get("positional"):
+            if prefix:
+                raise TypeError(f"{dotted}: only top-level fields can be positional")
+            parser.add_argument(
+                name,
+                nargs="*" if is_list else "?",
+                default=argparse.SUPPRESS,
+                choices=choices,
+                metavar=metavar or name.upper(),
+                help=help_text,
+            )
+            continue
+        nargs: str | None = "+" if is_list else None
         const = None
         if base is bool:  # `--debug` alone means true; `--debug false` is accepted too
-            nargs, const, meta = "?", "true", "[true|false]"
-        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+            nargs, const, metavar = "?", "true", metavar or "true|false"
         parser.add_argument(
             _flag(dotted),
+            *f.metadata.get("aliases", ()),
             dest=dotted,
             default=argparse.SUPPRESS,
             nargs=nargs,
             const=const,
-            metavar=meta,
-            help=f"{help_text} (default: {shown})",
+            choices=choices,
+            metavar=metavar,
+            help=help_text,
         )
 
 
@@ -174,7 +257,8 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML config file; a missing or malformed file is a UsageError."""
+    """Read a YAML config file into a dict; a missing or malformed file, or one that is not a mapping, is a
+    UsageError."""
     if not path.is_file():
         raise UsageError(f"config file {path} not found; pass an existing YAML file to --config")
     try:
@@ -188,7 +272,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; `override` wins."""
+    """Recursive dict merge (nested dicts are merged key by key); `override` wins."""
     out = dict(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
@@ -203,21 +287,59 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}; see `{self.prog} --help`")
 
 
-def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
-    """An argparse parser with one flag per (nested) dataclass field, plus `--config`."""
-    parser = _Parser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser(cls: type, prog: str, description: str, epilog: str = "") -> argparse.ArgumentParser:
+    """An argparse parser with one flag (or positional) per (nested) dataclass field, plus `--config` and
+    `--print-config`. Parse errors raise `UsageError` instead of exiting."""
+    parser = _Parser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", type=Path, default=None, help="YAML file with field values (flags override it)")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as YAML and exit without running"
+    )
     _add_arguments(parser, cls)
     return parser
 
 
-def parse(cls: type[T], argv: Sequence[str], prog: str, description: str = "") -> T:
-    """Parse `argv` into `cls`: defaults < `--config` YAML < flags."""
-    parser = build_parser(cls, prog, description or (cls.__doc__ or "").strip().splitlines()[0])
+def _command_line_name(dotted: str, f: dataclasses.Field[Any]) -> str:
+    """How the user spells a field: `RUN_DIR`, `--seed`, or `--var-weights/--var` with its aliases."""
+    if f.metadata.get("positional"):
+        return str(f.metadata.get("metavar") or dotted.upper())
+    return "/".join([_flag(dotted), *f.metadata.get("aliases", ())])
+
+
+def parse(cls: type[T], argv: Sequence[str], prog: str, description: str = "", epilog: str = "") -> T:
+    """Parse `argv` into `cls`: defaults < `--config` YAML < flags, then the config's `validate()`.
+
+    With `--print-config`, prints the resolved config as YAML to stdout and raises `SystemExit(0)` (as `--help`
+    does), so the command runs nothing.
+
+    Args:
+        cls: the config dataclass.
+        argv: the command-line arguments after the command name.
+        prog: the command as the user typed it (`trainlab sample`), for usage and error messages.
+        description: the `--help` summary; defaults to the first line of `cls`'s docstring.
+        epilog: text shown after the options by `--help` (kept as written).
+
+    Raises:
+        UsageError: a bad flag, value, key or config file, or a missing required field.
+    """
+    parser = build_parser(cls, prog, description or (cls.__doc__ or "").strip().splitlines()[0], epilog)
     namespace = vars(parser.parse_args(list(argv)))
     config_path = namespace.pop("config")
+    print_config = namespace.pop("print_config")
     data: dict[str, Any] = load_yaml(config_path) if config_path is not None else {}
     overrides: dict[str, Any] = {}
     for dotted, value in namespace.items():
         _set_dotted(overrides, dotted, value)
-    return from_dict(cls, merge(data, overrides))
+    merged = merge(data, overrides)
+    missing = [_command_line_name(dotted, f) for dotted, f in _missing(cls, merged)]
+    if missing:
+        raise UsageError(
+            f"missing required {', '.join(missing)} (on the command line or in the --config file); see `{prog} --help`"
+        )
+    config = from_dict(cls, merged)
+    if print_config:
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        raise SystemExit(0)
+    return config

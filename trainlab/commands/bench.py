@@ -12,12 +12,14 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from trainlab.config import option, parse
-from trainlab.engine.precision import PRECISION_MODES, Precision, check_device_support
+from trainlab.engine.precision import Precision, check_device_support
+from trainlab.engine.recipe import PRECISIONS, PrecisionName
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ class PrecisionBenchConfig:
     model: str = option("resnet18", "model name (see `trainlab train cifar --help`)")
     epochs: int = option(30, "epochs per run")
     seeds: int = option(1, "seeds per precision mode (mean ± std across them)")
-    modes: list[str] = option(list(PRECISION_MODES), "precision modes to run (default: all eight)")
+    modes: list[PrecisionName] = option(list(PRECISIONS), "precision modes to run")
     out_dir: Path = option(Path("runs/bench-precision"), "where the runs, table and plots go")
     device: str = option("auto", "cpu, cuda, cuda:N or auto")
     batch_size: int = option(128, "global batch size")
@@ -42,13 +44,15 @@ class PrecisionBenchConfig:
     num_workers: int = option(2, "DataLoader workers per run")
 
     def validate(self) -> None:
-        for mode in self.modes:
-            Precision.parse(mode)
+        from trainlab.models.registry import list_models
+
+        if self.model not in list_models():  # a registry, not a Literal: models register themselves
+            raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
         if self.seeds <= 0 or self.epochs <= 0:
             raise UsageError("--seeds and --epochs must be positive")
 
 
-def runnable_modes(modes: list[str], device_name: str) -> list[str]:
+def runnable_modes(modes: Sequence[str], device_name: str) -> list[str]:
     """The modes this device can run; the others are skipped with a logged reason (never silently)."""
     from trainlab.engine.loop import resolve_device
 
@@ -76,7 +80,9 @@ def _train_command(cfg: PrecisionBenchConfig, mode: str, seed: int, run_dir: Pat
 
 
 def run_precision_bench(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
-    from trainlab.report.plots import plot_comparison, summarize_run, write_results_table
+    from trainlab.report.plots import plot_comparison
+    from trainlab.report.runs import summarize_run
+    from trainlab.report.tables import write_results_table
 
     modes = runnable_modes(cfg.modes, cfg.device)
     if not modes:

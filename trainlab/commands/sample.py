@@ -15,18 +15,19 @@ layout of OpenAI's guided-diffusion evaluator); it is resumable: batches whose P
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import logging
 import os
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
+from trainlab.config import option, parse
 from trainlab.errors import UsageError
 
 # Shape legend: B images in a batch, N images in total, H/W image side, pn token-map side.
@@ -34,37 +35,48 @@ from trainlab.errors import UsageError
 log = logging.getLogger(__name__)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"trainlab sample: {message} (see trainlab sample --help)")
+@dataclasses.dataclass(kw_only=True)
+class SampleConfig:
+    """Sample class-conditional images from a VAR + VQVAE checkpoint pair (official or trained here)."""
 
+    vae_weights: Path = option(help="VQVAE weights, e.g. vae_ch160v4096z32.pth", metavar="PATH", aliases=("--vae",))
+    var_weights: Path = option(
+        help="VAR weights, e.g. var_d16.pth (.pth/.pt/.safetensors)", metavar="PATH", aliases=("--var",)
+    )
+    classes: list[str] = option(help="class ids (1000 = unconditional) or 'all'", metavar="ID")
+    samples_per_class: int = option(1, "images per listed class", metavar="N", aliases=("--n-per-class",))
+    seed: int = option(0, "generator seed; batch i uses seed + i")
+    guidance: float = option(1.5, "classifier-free guidance scale >= 0", metavar="SCALE", aliases=("--cfg",))
+    top_k: int = option(900, "keep the K most likely tokens, 0 = all", metavar="K")
+    top_p: float = option(0.96, "nucleus mass in (0, 1], 1 = off", metavar="P")
+    more_smooth: bool = option(False, "Gumbel-softmax code mixing (nicer, not for FID)")
+    out: Path | None = option(None, "write all images as one grid", metavar="PNG")
+    out_dir: Path | None = option(None, "one PNG per image + samples.npz (resumable)", metavar="DIR")
+    save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
+    batch_size: int = option(16, "images per sampling batch", metavar="B")
+    device: str = option("auto", "torch device: cpu, cuda, cuda:N or auto (cuda if available, else cpu)")
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="trainlab sample",
-        description="Sample class-conditional images from a VAR + VQVAE checkpoint pair (official or trained here).",
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--vae", required=True, metavar="PATH", help="VQVAE weights, e.g. vae_ch160v4096z32.pth")
-    p.add_argument("--var", required=True, metavar="PATH", help="VAR weights, e.g. var_d16.pth (.pth/.pt/.safetensors)")
-    p.add_argument(
-        "--classes", nargs="+", required=True, metavar="ID", help="class ids (1000 = unconditional) or 'all'"
-    )
-    p.add_argument("--n-per-class", type=int, default=1, metavar="N", help="images per listed class (1)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed; batch i uses seed + i (0)")
-    p.add_argument("--cfg", type=float, default=1.5, help="classifier-free guidance scale >= 0 (1.5)")
-    p.add_argument("--top-k", type=int, default=900, metavar="K", help="keep the K most likely tokens, 0 = all (900)")
-    p.add_argument("--top-p", type=float, default=0.96, metavar="P", help="nucleus mass in (0, 1], 1 = off (0.96)")
-    p.add_argument("--more-smooth", action="store_true", help="Gumbel-softmax code mixing (nicer, not for FID)")
-    p.add_argument("--out", type=Path, metavar="PNG", help="write all images as one grid")
-    p.add_argument("--out-dir", type=Path, metavar="DIR", help="one PNG per image + samples.npz (resumable)")
-    p.add_argument(
-        "--save-tokens", type=Path, metavar="PT", help="torch.save a list of int64 (N, pn, pn), one per scale"
-    )
-    p.add_argument("--batch-size", type=int, default=16, metavar="B", help="images per sampling batch (16)")
-    p.add_argument("--device", default="", help="torch device (default: cuda if available, else cpu)")
-    return p
+    def validate(self) -> None:
+        from trainlab.models.var.sample import check_sampling_options
+
+        if self.out is None and self.out_dir is None and self.save_tokens is None:
+            raise UsageError("nothing to write: pass --out grid.png, --out-dir DIR and/or --save-tokens tokens.pt")
+        if self.samples_per_class < 1 or self.batch_size < 1:
+            raise UsageError("--n-per-class and --batch-size must be >= 1")
+        if self.out is not None and self.out.suffix.lower() != ".png":
+            raise UsageError(f"--out must be a .png file, got {self.out}")
+        self.torch_device()
+        check_sampling_options(self.guidance, self.top_k, self.top_p)
+
+    def torch_device(self) -> torch.device:
+        """The device to sample on (`auto`: cuda when available, else cpu)."""
+        name = self.device
+        if name == "auto":
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            return torch.device(name)
+        except RuntimeError as err:
+            raise UsageError(f"unknown --device {self.device!r} (use auto, cpu, cuda, cuda:1, ...)") from err
 
 
 def _parse_classes(values: list[str], num_classes: int, n_per_class: int) -> list[int]:
@@ -127,43 +139,34 @@ def _save_grid(images_N3HW: torch.Tensor, path: Path, n_per_class: int) -> None:
     _save_png(_to_uint8(grid_3HW.unsqueeze(0))[0], path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     """Run `trainlab sample`; returns the exit code (errors raise UsageError)."""
-    args = build_parser().parse_args(argv)
-    if args.out is None and args.out_dir is None and args.save_tokens is None:
-        raise UsageError("nothing to write: pass --out grid.png, --out-dir DIR and/or --save-tokens tokens.pt")
-    if args.n_per_class < 1 or args.batch_size < 1:
-        raise UsageError("--n-per-class and --batch-size must be >= 1")
-    if args.out is not None and args.out.suffix.lower() != ".png":
-        raise UsageError(f"--out must be a .png file, got {args.out}")
-    try:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError as err:
-        raise UsageError(f"unknown --device {args.device!r} (use cpu, cuda, cuda:1, ...)") from err
+    config = parse(SampleConfig, argv, prog="trainlab sample", epilog=__doc__ or "")
+    device = config.torch_device()
 
     from tqdm import tqdm
 
     from trainlab.models.var.loading import load_official
-    from trainlab.models.var.sample import check_sampling_options, generate
+    from trainlab.models.var.sample import generate
 
-    check_sampling_options(args.cfg, args.top_k, args.top_p)
-    vqvae, var = load_official(args.vae, args.var)
-    labels = _parse_classes(args.classes, var.num_classes, args.n_per_class)
-    if args.out is not None and len(labels) > 1024:
+    vqvae, var = load_official(config.vae_weights, config.var_weights)
+    labels = _parse_classes(config.classes, var.num_classes, config.samples_per_class)
+    if config.out is not None and len(labels) > 1024:
         raise UsageError(f"--out makes one grid; {len(labels)} images is too many: use --out-dir")
     vqvae, var = vqvae.to(device), var.to(device)
     names = [f"{i:06d}_c{c:04d}.png" for i, c in enumerate(labels)]
-    if args.out_dir is not None:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-    may_skip = args.out_dir is not None and args.out is None and args.save_tokens is None
+    out_dir = config.out_dir
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    may_skip = out_dir is not None and config.out is None and config.save_tokens is None
     grid_parts: list[torch.Tensor] = []
     token_parts: list[list[torch.Tensor]] = []
-    starts = range(0, len(labels), args.batch_size)
+    starts = range(0, len(labels), config.batch_size)
     bar = tqdm(total=len(labels), unit="img", disable=not sys.stderr.isatty(), desc="sampling")
     skipped = 0
     for batch_idx, start in enumerate(starts):
-        chunk = labels[start : start + args.batch_size]
-        if may_skip and all((args.out_dir / names[start + j]).is_file() for j in range(len(chunk))):
+        chunk = labels[start : start + config.batch_size]
+        if may_skip and out_dir is not None and all((out_dir / names[start + j]).is_file() for j in range(len(chunk))):
             skipped += len(chunk)
             bar.update(len(chunk))
             continue
@@ -171,34 +174,34 @@ def main(argv: list[str] | None = None) -> int:
             var,
             vqvae,
             chunk,
-            seed=args.seed + batch_idx,
-            cfg=args.cfg,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            more_smooth=args.more_smooth,
+            seed=config.seed + batch_idx,
+            cfg=config.guidance,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            more_smooth=config.more_smooth,
         )
         with torch.inference_mode():
             img_B3HW = vqvae.fhat_to_img(samples.f_hat).add_(1.0).mul_(0.5).float().cpu()
-        if args.out_dir is not None:
+        if out_dir is not None:
             for j, arr in enumerate(_to_uint8(img_B3HW)):
-                _save_png(arr, args.out_dir / names[start + j])
-        if args.out is not None:
+                _save_png(arr, out_dir / names[start + j])
+        if config.out is not None:
             grid_parts.append(img_B3HW)
-        if args.save_tokens is not None:
+        if config.save_tokens is not None:
             token_parts.append([t.view(len(chunk), pn, pn).cpu() for t, pn in zip(samples.tokens, var.patch_nums)])
         bar.update(len(chunk))
     bar.close()
 
-    if args.out is not None:
-        _save_grid(torch.cat(grid_parts), args.out, args.n_per_class)
-        print(f"wrote {args.out} ({len(labels)} images)")
-    if args.save_tokens is not None:
+    if config.out is not None:
+        _save_grid(torch.cat(grid_parts), config.out, config.samples_per_class)
+        print(f"wrote {config.out} ({len(labels)} images)")
+    if config.save_tokens is not None:
         tokens = [torch.cat(per_scale) for per_scale in zip(*token_parts)]
-        args.save_tokens.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(tokens, args.save_tokens)
-        print(f"wrote {args.save_tokens} ({len(tokens)} scales of int64 (N, pn, pn), N={len(labels)})")
-    if args.out_dir is not None:
-        npz = args.out_dir / "samples.npz"
-        write_npz([args.out_dir / n for n in names], npz)
-        print(f"wrote {len(labels)} PNGs to {args.out_dir} ({skipped} already there) and {npz}")
+        config.save_tokens.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(tokens, config.save_tokens)
+        print(f"wrote {config.save_tokens} ({len(tokens)} scales of int64 (N, pn, pn), N={len(labels)})")
+    if out_dir is not None:
+        npz = out_dir / "samples.npz"
+        write_npz([out_dir / n for n in names], npz)
+        print(f"wrote {len(labels)} PNGs to {out_dir} ({skipped} already there) and {npz}")
     return 0

@@ -17,7 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torchvision.utils import make_grid
 
-from trainlab.report.plots import DPI, latest_rows, read_metrics
+from trainlab.report.plots import DPI
+from trainlab.report.runs import latest_rows, read_metrics
 
 _PAD = 2
 

@@ -1,0 +1,125 @@
+"""The results table: one line per configuration (seeds aggregated as mean ± std), as markdown and CSV.
+
+Rows come from `trainlab.report.runs.summarize_run`; accuracies are fractions there and percent here.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainlab.errors import UsageError
+from trainlab.report.runs import is_number
+
+MIB = 2**20  # bytes per mebibyte
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (ddof=1; None for fewer than two values)."""
+    mean = float(np.mean(values))
+    return mean, (float(np.std(values, ddof=1)) if len(values) > 1 else None)
+
+
+def _fmt(values: Sequence[float], fmt: str, n_runs: int) -> str:
+    if not values:
+        return "n/a"
+    mean, std = mean_std(values)
+    text = fmt.format(mean) + (f" ± {fmt.format(std)}" if std is not None else "")
+    if len(values) < n_runs:
+        text += f" ({len(values)} of {n_runs} runs)"
+    return text
+
+
+def _numbers(rows: list[dict[str, Any]], key: str, scale: float = 1.0) -> list[float]:
+    return [float(r[key]) * scale for r in rows if is_number(r.get(key))]
+
+
+def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path) -> None:
+    """Writes the precision-lab results table as markdown and CSV, one line per configuration.
+
+    Rows sharing a "label" (default: their "precision") are seeds of one configuration and are aggregated as
+    mean ± sample standard deviation (ddof=1; the ± part is omitted for a single seed). Missing numbers show as
+    "n/a" (markdown) or empty cells (CSV), and "(k of n runs)" marks a mean over fewer runs than the group has.
+
+    Args:
+        rows: one dict per run, as returned by `summarize_run` (keys: label, precision, seed, final_test_accuracy,
+            best_test_accuracy, final_train_loss, peak_memory_bytes, memory_kind, seconds_per_epoch,
+            images_per_second; accuracies as fractions).
+        md_path: markdown output path.
+        csv_path: CSV output path.
+
+    Raises:
+        UsageError: `rows` is empty.
+    """
+    if not rows:
+        raise UsageError("no runs to tabulate")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(str(row.get("label") or row.get("precision") or row.get("run_dir")), []).append(row)
+
+    first_header = (
+        "precision" if all(label == g[0].get("precision") for label, g in groups.items()) else "configuration"
+    )
+    md_header = [
+        first_header,
+        "seed(s)",
+        "final test acc. (%)",
+        "best test acc. (%, extra)",
+        "final train loss",
+        "peak memory (MiB)",
+        "CPU RSS growth (MiB)",
+        "memory kind",
+        "s/epoch",
+        "images/s",
+    ]
+    md_lines = ["| " + " | ".join(md_header) + " |", "|" + "---|" * len(md_header)]
+    csv_rows = []
+    for label, group in groups.items():
+        n = len(group)
+        seeds = [r.get("seed") for r in group]
+        seed_text = ", ".join(str(s) for s in seeds) if all(s is not None for s in seeds) else f"{n} runs"
+        kinds = sorted({str(r["memory_kind"]) for r in group if r.get("memory_kind")})
+        columns = {
+            "final_test_accuracy_pct": (_numbers(group, "final_test_accuracy", 100.0), "{:.2f}"),
+            "best_test_accuracy_pct": (_numbers(group, "best_test_accuracy", 100.0), "{:.2f}"),
+            "final_train_loss": (_numbers(group, "final_train_loss"), "{:.4g}"),
+            "peak_memory_mib": (_numbers(group, "peak_memory_bytes", 1 / MIB), "{:.0f}"),
+            "cpu_rss_growth_mib": (_numbers(group, "cpu_peak_rss_growth_bytes", 1 / MIB), "{:.0f}"),
+            "seconds_per_epoch": (_numbers(group, "seconds_per_epoch"), "{:.2f}"),
+            "images_per_second": (_numbers(group, "images_per_second"), "{:.0f}"),
+        }
+        cells = [_fmt(values, fmt, n) for values, fmt in columns.values()]
+        md_cells = [label, seed_text, *cells[:5], ", ".join(kinds) or "n/a", *cells[5:]]
+        md_lines.append("| " + " | ".join(md_cells) + " |")
+        csv_row: dict[str, Any] = {
+            first_header: label,
+            "num_seeds": n,
+            "seeds": ";".join("" if s is None else str(s) for s in seeds),
+        }
+        for name, (values, _fmt_str) in columns.items():
+            mean, std = mean_std(values) if values else (None, None)
+            csv_row[f"{name}_mean"] = "" if mean is None else mean
+            csv_row[f"{name}_std"] = "" if std is None else std
+            csv_row[f"{name}_count"] = len(values)
+        csv_row["memory_kind"] = ";".join(kinds)
+        csv_rows.append(csv_row)
+
+    md_lines += [
+        "",
+        "Final = test accuracy after the last epoch. Best = maximum over epochs, i.e. selected on the test set "
+        "(optimistic; shown only for comparison with tables that report it). Final train loss = mean training loss "
+        "of the logged steps of the last epoch. mean ± sample std (ddof=1) over seeds. s/epoch and images/s time "
+        "the training loop only and exclude the first epoch.",
+    ]
+    md_path, csv_path = Path(md_path), Path(csv_path)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text("\n".join(md_lines) + "\n", encoding="utf-8")
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(csv_path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
+        writer.writeheader()
+        writer.writerows(csv_rows)
