@@ -107,9 +107,9 @@ def test_atomic_save_failure_keeps_previous_file(tmp_path: Path) -> None:
 def test_resume_with_other_config_names_the_mismatch(tmp_path: Path) -> None:
     Trainer(ToyRecipe(_config(tmp_path, epochs=1))).fit()
     with pytest.raises(UsageError, match=r"hidden=32 but this run has hidden=64"):
-        Trainer(ToyRecipe(_config(tmp_path, hidden=64, resume="auto"))).fit()
+        Trainer(ToyRecipe(_config(tmp_path, epochs=1, hidden=64, resume="auto"))).fit()
     with pytest.raises(UsageError, match="precision"):
-        Trainer(ToyRecipe(_config(tmp_path, precision="bf16-amp", resume="auto"))).fit()
+        Trainer(ToyRecipe(_config(tmp_path, epochs=1, precision="bf16-amp", resume="auto"))).fit()
 
 
 def test_foreign_or_corrupt_checkpoint_is_one_line_error(tmp_path: Path) -> None:

@@ -149,3 +149,46 @@ def test_ddp_accumulation_runs_early_micro_steps_in_no_sync(
     for rank in (0, 1):
         counts = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert counts == {"no_sync": 5, "forward_in_no_sync": 5}, (rank, counts)  # 5 optimizer steps
+
+
+def test_workers_stop_when_the_torchrun_parent_is_killed(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
+    """SIGKILL of the launcher: the workers get SIGTERM (PR_SET_PDEATHSIG), save and exit instead of training on."""
+    import signal
+    import time
+
+    import psutil
+
+    run = tmp_path / "orphans"
+    args = [*COMMON[:6], "--epochs", "200", "--step-sleep-seconds", "0.1", "--device", "cpu", "--tensorboard", "false"]
+    launcher = subprocess.Popen(
+        [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "trainlab",
+            *args,
+            "--run-dir",
+            str(run),
+        ],
+        env=run_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        metrics = run / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.is_file() and '"train"' in metrics.read_text()):
+            time.sleep(0.2)  # wait for the first optimizer step: the workers are training
+        workers = psutil.Process(launcher.pid).children(recursive=True)
+        assert len(workers) >= 2
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        _, alive = psutil.wait_procs(workers, timeout=60)
+        assert alive == [], f"{len(alive)} orphaned worker(s) still running"
+        assert load_checkpoint(run / "ckpt" / "last.pt")["step"] > 0  # they saved on the way out
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()

@@ -62,7 +62,7 @@ def test_sigterm_saves_and_resumes(tmp_path: Path, python: str, run_env: dict[st
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
-    assert "SIGTERM received" in err and "resume with --resume auto" in err
+    assert "SIGTERM received" in err and "run the same command again to resume" in err
     state = load_checkpoint(run / "ckpt" / "last.pt")
     stopped_at = state["step"]
     assert 0 < stopped_at < 32

@@ -153,7 +153,8 @@ def test_plot_comparison_writes_all_pngs(runs: dict[str, list[Path]], tmp_path: 
 
 def test_results_table_values(runs: dict[str, list[Path]], tmp_path: Path) -> None:
     rows = [summarize_run(d, label) for label, dirs in runs.items() for d in dirs]
-    assert rows[0]["final_train_loss"] == pytest.approx(sum(2.3 * math.exp(-s / 15) for s in range(51, 61)) / 10)
+    assert rows[0]["final_train_loss"] == pytest.approx(2.3 * math.exp(-60 / 15))  # the last step's loss
+    assert rows[0]["final_train_loss_step"] == 60
     write_results_table(rows, tmp_path / "results.md", tmp_path / "results.csv")
     md = (tmp_path / "results.md").read_text().splitlines()
     assert md[0].startswith("| precision | seed(s) | final test acc. (%) | best test acc. (%, extra) |")
@@ -322,3 +323,129 @@ def test_report_cli_errors_and_print_config(
     assert exit_info.value.code == 0
     assert yaml.safe_load(capsys.readouterr().out) == {"run_dirs": [str(one)], "out": str(tmp_path / "r")}
     assert not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------------------------------------ every recipe
+
+
+def _write_rows(run_dir: Path, recipe: str, rows: list[dict[str, Any]], **config: Any) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(f"# recipe: {recipe}\n# command: trainlab train {recipe}\n" + yaml.safe_dump(
+        {"run_dir": str(run_dir), "seed": 0, **config}
+    ))  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def _tokenizer_run(run_dir: Path) -> Path:
+    rows: list[dict[str, Any]] = []
+    for step in (1, 10, 20, 30):
+        rows.append({"kind": "train", "step": step, "epoch": step // 16, "generator/loss": 1.0 / step,
+                     "discriminator/loss": 0.7, "generator/lr": 1e-4})  # fmt: skip
+    rows += [
+        {"kind": "eval", "step": 16, "epoch": 1, "psnr": 18.0},
+        {"kind": "eval", "step": 32, "epoch": 2, "psnr": 21.5},
+    ]
+    rows.append({"kind": "summary", "step": 32, "epoch": 2, "precision": "fp32", "final_psnr": 21.5, "best_psnr": 21.5,
+                 "seconds_per_epoch": 3.0, "epochs_timed": 1})  # fmt: skip
+    return _write_rows(run_dir, "tokenizer", rows, precision="fp32", epochs=2)
+
+
+def _var_run(run_dir: Path, *, depth: int = 2, ce: float = 4.0) -> Path:
+    rows: list[dict[str, Any]] = [
+        {"kind": "train", "step": s, "epoch": 0, "loss": ce + 1 - s / 8, "cross_entropy_mean": ce + 1 - s / 8}
+        for s in (1, 8)
+    ]
+    rows.append({"kind": "eval", "step": 8, "epoch": 1, "val_cross_entropy_last_scale": ce, "cross_entropy_mean": ce})
+    summary = {"kind": "summary", "step": 8, "epoch": 1, "precision": "bf16-amp", "seconds_per_epoch": 2.0}
+    summary |= {"final_val_cross_entropy_last_scale": ce, "best_val_cross_entropy_last_scale": ce, "epochs_timed": 1}
+    rows.append(summary)
+    return _write_rows(run_dir, "var", rows, precision="bf16-amp", depth=depth, model=f"var-d{depth}", epochs=1)
+
+
+def _capture(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    import trainlab.report.plots as plots
+
+    figures: dict[str, Any] = {}
+    real_save = plots._save
+
+    def capture(fig: Any, out_dir: Path, name: str) -> Path:
+        figures[name] = fig
+        return real_save(fig, out_dir, name)
+
+    monkeypatch.setattr(plots, "_save", capture)
+    return figures
+
+
+def test_tokenizer_run_plots_every_loss_and_its_psnr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = _capture(monkeypatch)
+    run_dir = _tokenizer_run(tmp_path / "tok")
+    paths = plot_run(run_dir, tmp_path / "out")
+    assert [p.name for p in paths] == ["loss.png", "eval.png"]
+    lines = figures["loss.png"].axes[0].get_lines()
+    assert [line.get_label() for line in lines] == [
+        "generator/loss (4 logged steps)",
+        "discriminator/loss (4 logged steps)",
+    ]
+    assert list(figures["eval.png"].axes[0].get_lines()[0].get_ydata()) == [18.0, 21.5]
+    row = summarize_run(run_dir)
+    assert (row["eval_metric"], row["final_eval"], row["final_train_loss"]) == ("psnr", 21.5, pytest.approx(1 / 30))
+    write_results_table([row], tmp_path / "r.md", tmp_path / "r.csv")
+    md = (tmp_path / "r.md").read_text().splitlines()
+    assert "final test acc." not in md[0] and "| final eval metric | best eval metric |" in md[0]
+    assert "| psnr 21.5 | psnr 21.5 | 0.03333 (step 30) |" in md[2] and "| 3.00 (n=1 epoch) |" in md[2]
+
+
+def test_var_runs_fill_the_table_and_a_parent_folder_is_searched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    parent = tmp_path / "runs"
+    _var_run(parent / "d2", depth=2, ce=4.0)
+    _var_run(parent / "deeper" / "d4", depth=4, ce=3.5)
+    _tokenizer_run(parent / "tok")
+    (parent / "d2" / "tb").mkdir()
+    assert report_main([str(parent)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed[-2:] == [str(parent / "report" / "results.md"), str(parent / "report" / "results.csv")]
+    assert any(p.endswith("eval_vs_epoch.png") for p in printed)
+    md = (parent / "report" / "results.md").read_text()
+    assert "val_cross_entropy_last_scale 4 |" in md and "val_cross_entropy_last_scale 3.5 |" in md
+    assert "psnr 21.5" in md
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("different recipes tokenizer, var; models var-d2, var-d4" in w for w in warnings), warnings
+    with pytest.raises(UsageError, match="nor in any folder under it"):
+        report_main([str(parent / "d2" / "tb")])
+
+
+def test_short_runs_show_their_points_and_epochs_are_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 8-step run logs steps 1 and 8: both are drawn as markers; epoch ticks never fall between epochs."""
+    figures = _capture(monkeypatch)
+    run_dir = write_run(tmp_path / "short", precision="fp32", seed=0, final_acc=0.5, memory_mib=1, seconds=1.0,
+                        epochs=2, steps_per_epoch=4)  # fmt: skip
+    plot_run(run_dir, tmp_path / "out")
+    (line,) = figures["loss.png"].axes[0].get_lines()
+    assert line.get_marker() == "o" and list(line.get_xdata()) == list(range(1, 9))
+    ax = figures["accuracy.png"].axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_identical_series_are_told_apart_and_timing_notes_n(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = _capture(monkeypatch)
+    same = {
+        p: write_run(tmp_path / p, precision=p, seed=0, final_acc=0.9, memory_mib=10, seconds=2.0)
+        for p in ("fp32", "tf32")
+    }
+    for run_dir in same.values():  # one timed epoch each
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        summary = json.loads(lines[-1]) | {"epochs_timed": 1}
+        (run_dir / "metrics.jsonl").write_text("\n".join([*lines[:-1], json.dumps(summary)]) + "\n")
+    plot_comparison(same, tmp_path / "cmp")
+    for name in ("loss_vs_step.png", "accuracy_vs_epoch.png"):
+        ax = figures[name].axes[0]
+        labels = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+        assert labels[1] == "tf32 (same values as fp32)", labels
+        styles = [line.get_linestyle() for line in ax.get_lines()[:2]]
+        assert styles[0] != styles[1]
+    texts = [t.get_text() for t in figures["time_per_epoch.png"].axes[0].texts]
+    assert texts == ["2.00\nn=1 epoch", "2.00\nn=1 epoch"]

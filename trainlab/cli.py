@@ -25,6 +25,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainlab.commands.train:main", "train a recipe on the shared engine (trainlab train --help)"),
     "bench": ("trainlab.commands.bench:main", "benchmarks: `trainlab bench precision` runs every precision mode"),
     "report": ("trainlab.commands.report:main", "plots and tables from one or more run directories"),
+    "runs": ("trainlab.commands.runs:main", "every run under a folder: status, step, last metrics, resume command"),
     "sample": ("trainlab.commands.sample:main", "sample images from VAR weights (official or trainlab-trained)"),
     "demo": ("trainlab.commands.demo:main", "tokenizer + VAR trained on bundled digits, then judged (--quick: 2 min)"),
 }

@@ -4,8 +4,9 @@ A config is a `@dataclass(kw_only=True)` whose fields carry a `help` string (via
 required). Nested dataclasses become dotted flags (`--optimizer.learning-rate 0.1`); `option(..., positional=True)`
 makes a positional argument instead. A list field takes one or more values. A `Literal[...]` field accepts only its
 values (argparse choices on the command line, listed by `--help`; checked again in YAML). Resolution order: dataclass
-defaults, then `--config file.yaml`, then flags. Unknown keys or flags, missing required fields, wrong types and bad
-values are `UsageError`s (one line, exit code 2). `--print-config` prints the resolved config as YAML (loadable with
+defaults, then `--config file.yaml` (a path, or the name of a shipped config: `--config var_d16`), then flags. Unknown
+keys or flags (with a "did you mean" suggestion), missing required fields, wrong types, bad values and unreadable
+files are `UsageError`s (one line, exit code 2). `--print-config` prints the resolved config as YAML (loadable with
 `--config`) and exits 0 without running anything.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Sequence
@@ -74,6 +76,12 @@ def _item_type(tp: Any) -> Any:
     return (get_args(tp) or (str,))[0]
 
 
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    """` (did you mean X?)` for the closest candidate, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _convert(value: Any, tp: Any, where: str) -> Any:
     """Convert a YAML value or CLI string to `tp`, raising a one-line UsageError on mismatch."""
     tp, optional = _strip_optional(tp)
@@ -104,6 +112,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise UsageError(f"{where}: expected true/false, got {value!r}")
+        if tp in (int, float, str, Path) and isinstance(value, (bool, dict, list, tuple)):
+            raise TypeError  # YAML `true`, a mapping or a list where one number / text is expected
         if tp is int:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
@@ -155,9 +165,10 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected a mapping, got {type(data).__name__}")
     known = {name: (tp, f) for name, tp, f in _fields(cls)}
-    unknown = set(data) - set(known)
+    unknown = sorted(set(data) - set(known), key=str)
     if unknown:
-        raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(known)}")
+        named = ", ".join(f"{key}{_did_you_mean(str(key), list(known))}" for key in unknown)
+        raise UsageError(f"{where}: unknown key(s) {named}; valid keys: {', '.join(known)}")
     required = [name for name, (_, f) in known.items() if _is_required(f) and name not in data]
     if required:
         raise UsageError(f"{where}: missing required key(s) {', '.join(required)}")
@@ -256,13 +267,40 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     data[keys[-1]] = value
 
 
-def load_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML config file into a dict; a missing or malformed file, or one that is not a mapping, is a
-    UsageError."""
-    if not path.is_file():
-        raise UsageError(f"config file {path} not found; pass an existing YAML file to --config")
+def resolve_config(name: str | Path) -> Path:
+    """The YAML file `--config NAME` means: an existing path, else the shipped config of that name (`var_d16`,
+    `var_d16.yaml`; see `trainlab.configs`).
+
+    Raises:
+        UsageError: neither a file nor a shipped name; the message lists the shipped configs.
+    """
+    from trainlab.configs import config_path, list_configs
+
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = config_path(str(name))
+    if shipped is not None:
+        return shipped
+    names = list_configs()
+    raise UsageError(
+        f"config file {path} not found and no shipped config is named {str(name)!r}{_did_you_mean(str(name), names)}; "
+        f"pass a YAML file or one of: {', '.join(names)}"
+    )
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file (a path, or a shipped config's name: see `resolve_config`) into a dict; a missing,
+    non-UTF-8 or malformed file, or one that is not a mapping, is a one-line UsageError naming the file."""
+    path = resolve_config(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            f"config file {path} is not UTF-8 text (byte {err.start}); save it as UTF-8 YAML or pass another file"
+        ) from None
+    except OSError as err:
+        raise UsageError(f"config file {path} cannot be read ({err.strerror}); check its permissions") from None
     except yaml.YAMLError as err:
         first = str(err).splitlines()[0] if str(err) else "syntax error"
         raise UsageError(f"config file {path} is not valid YAML ({first}); fix the file") from None
@@ -284,7 +322,17 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+            words = message.split(":", 1)[1].split()
+            hints = [f"did you mean {c}?" for w in words if w.startswith("--") for c in _close_flag(w, known)]
+            message += "; " + " ".join(hints) if hints else ""
         raise UsageError(f"{message}; see `{self.prog} --help`")
+
+
+def _close_flag(word: str, known: Sequence[str]) -> list[str]:
+    """The known flag closest to `word` (`--learnig-rate` -> `--learning-rate`; `--lr=3` is compared as `--lr`)."""
+    return difflib.get_close_matches(word.split("=", 1)[0], list(known), n=1, cutoff=0.8)
 
 
 def build_parser(cls: type, prog: str, description: str, epilog: str = "") -> argparse.ArgumentParser:
@@ -293,7 +341,12 @@ def build_parser(cls: type, prog: str, description: str, epilog: str = "") -> ar
     parser = _Parser(
         prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", type=Path, default=None, help="YAML file with field values (flags override it)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE|NAME",
+        help="YAML file with field values, or a shipped config's name (trainlab/configs, e.g. var_d16); flags win",
+    )
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config as YAML and exit without running"
     )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 from datetime import timedelta
 
 import torch
@@ -47,11 +49,29 @@ def init(device_type: str) -> None:
     """
     if is_initialized() or not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
         return
+    exit_with_parent()
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
         torch.cuda.set_device(local_rank())
     torch_dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
     log.info("distributed: backend=%s rank=%d world_size=%d", backend, rank(), world_size())
+
+
+def exit_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the launcher (torchrun) dies, so workers never train on as orphans: the
+    SIGTERM handler then saves and exits like any preemption (Linux `prctl(PR_SET_PDEATHSIG)`; elsewhere logged)."""
+    if not sys.platform.startswith("linux"):
+        log.warning("cannot tie workers to the launcher's life on %s: kill orphaned workers yourself", sys.platform)
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    parent = os.getppid()
+    if libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): orphaned workers will not stop", ctypes.get_errno())
+    elif os.getppid() != parent:  # the launcher died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def cleanup() -> None:
@@ -134,3 +154,18 @@ def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     if not is_initialized() or world_size() == 1:
         return x
     return torch.cat(_GatherWithGrad.apply(x), dim=0)
+
+
+def all_gather_no_grad(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate `x` from every rank along dim 0, without gradient (MoCo's keys); `x` itself in one process."""
+    if not is_initialized() or world_size() == 1:
+        return x
+    with torch.no_grad():
+        out = [torch.zeros_like(x) for _ in range(world_size())]
+        torch_dist.all_gather(out, x.contiguous())
+    return torch.cat(out, dim=0)
+
+
+def gather_keys(k: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """MoCo's key gather: every rank's keys (no gradient) and this rank's offset into them (rank x batch)."""
+    return all_gather_no_grad(k), rank() * k.shape[0]

@@ -11,3 +11,10 @@ class UsageError(Exception):
     """A problem with the user's input. The message is one line naming the problem and the fix."""
 
     exit_code = 2
+
+
+class TrainingStopped(UsageError):
+    """A run that cannot go on (it diverged: NaN / inf loss or weights). One line on stderr, exit code 1; the last
+    good checkpoint is left as it was."""
+
+    exit_code = 1

@@ -8,6 +8,8 @@ Images are generated in --classes order (each class --n-per-class times in a row
 uses seed + i (a single batch uses --seed itself, exactly like the official `autoregressive_infer_cfg(g_seed=seed)`).
 Results depend on --seed, --batch-size and the device: a CUDA run draws from a CUDA generator, so it reproduces the
 official code on CUDA, not a CPU run. Pixels are round(255 * img) with img in [0, 1].
+--var may be a trainlab VAR run's checkpoint (RUN_DIR/ckpt/last.pt): it records the SHA-256 of the tokenizer it was
+trained with, and a --vae with other weights is refused (its codes would mean something else: garbage images).
 --out-dir writes NNNNNN_cCCCC.png per image and, once all exist, samples.npz (uint8 (N, H, W, 3) under `arr_0`, the
 layout of OpenAI's guided-diffusion evaluator); it is resumable: batches whose PNGs all exist are skipped
 (unless --out or --save-tokens also need them).
@@ -19,6 +21,7 @@ import dataclasses
 import logging
 import os
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,13 @@ class SampleConfig:
             raise UsageError("--n-per-class and --batch-size must be >= 1")
         if self.out is not None and self.out.suffix.lower() != ".png":
             raise UsageError(f"--out must be a .png file, got {self.out}")
+        for flag, path, is_dir in (
+            ("--out", self.out, False),
+            ("--out-dir", self.out_dir, True),
+            ("--save-tokens", self.save_tokens, False),
+        ):
+            if path is not None:
+                _check_writable(flag, path, is_dir=is_dir)
         self.torch_device()
         check_sampling_options(self.guidance, self.top_k, self.top_p)
 
@@ -74,9 +84,77 @@ class SampleConfig:
         if name == "auto":
             name = "cuda" if torch.cuda.is_available() else "cpu"
         try:
-            return torch.device(name)
+            device = torch.device(name)
         except RuntimeError as err:
             raise UsageError(f"unknown --device {self.device!r} (use auto, cpu, cuda, cuda:1, ...)") from err
+        if device.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if count == 0:
+                raise UsageError(f"--device {self.device}: CUDA is not available here; use --device cpu (or auto)")
+            if device.index is not None and device.index >= count:
+                raise UsageError(f"--device {self.device}: only {count} CUDA device(s) here (cuda:0..cuda:{count - 1})")
+        elif device.type == "mps" and not torch.backends.mps.is_available():
+            raise UsageError(f"--device {self.device}: MPS is not available here; use --device cpu (or auto)")
+        elif device.type not in ("cpu", "cuda", "mps"):
+            raise UsageError(f"--device {self.device}: not supported; use auto, cpu, cuda or cuda:N")
+        return device
+
+
+def _check_writable(flag: str, path: Path, *, is_dir: bool) -> None:
+    """Fail before sampling (minutes to hours) when `path` cannot be written: the nearest existing folder on its way
+    must be a writable directory (checked by creating a temporary file there, which also works as root and on
+    read-only mounts)."""
+    if path.exists() and path.is_dir() != is_dir:
+        kind = "a file" if is_dir else "a directory"
+        raise UsageError(f"{flag} {path} is {kind}; pass {'a directory' if is_dir else 'a file path'}")
+    folder = path if is_dir else path.parent
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is not a directory; pass a path in a writable folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".trainlab-write-test-"):
+            pass
+    except OSError as err:
+        raise UsageError(
+            f"{flag} {path} cannot be written ({existing}: {err.strerror or err}); pass a path in a writable folder"
+        ) from None
+
+
+def _trained_tokenizer_sha256(var_path: Path) -> str | None:
+    """The tokenizer SHA-256 a trainlab VAR run checkpoint records (`recipe_state.tokenizer_sha256`), else None
+    (official weights and exports record none)."""
+    if var_path.suffix not in (".pt", ".pth"):
+        return None
+    try:
+        obj = torch.load(var_path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # legacy or unreadable: load_official has already read or refused it
+        return None
+    if not isinstance(obj, dict) or obj.get("format") != "trainlab-checkpoint":
+        return None
+    recipe_state = obj.get("recipe_state")
+    sha = recipe_state.get("tokenizer_sha256") if isinstance(recipe_state, dict) else None
+    return sha if isinstance(sha, str) and sha else None
+
+
+def check_tokenizer_matches(var_path: Path, vae_path: Path, vqvae: torch.nn.Module) -> None:
+    """Refuse a --vae whose weights differ from the tokenizer a trainlab VAR checkpoint was trained with.
+
+    Raises:
+        UsageError: the checkpoint records a tokenizer SHA-256 and `vqvae`'s differs; the message names both.
+    """
+    from trainlab.data.token_cache import tokenizer_sha256
+
+    expected = _trained_tokenizer_sha256(var_path)
+    if expected is None:
+        return
+    found = tokenizer_sha256(vqvae)
+    if found != expected:
+        raise UsageError(
+            f"--var {var_path} was trained with tokenizer sha256 {expected[:12]}..., but --vae {vae_path} has "
+            f"sha256 {found[:12]}...; pass the tokenizer that run used (its --tokenizer, see the run's config.yaml)"
+        )
 
 
 def _parse_classes(values: list[str], num_classes: int, n_per_class: int) -> list[int]:
@@ -150,6 +228,7 @@ def main(argv: list[str]) -> int:
     from trainlab.models.var.sample import generate
 
     vqvae, var = load_official(config.vae_weights, config.var_weights)
+    check_tokenizer_matches(config.var_weights, config.vae_weights, vqvae)
     labels = _parse_classes(config.classes, var.num_classes, config.samples_per_class)
     if config.out is not None and len(labels) > 1024:
         raise UsageError(f"--out makes one grid; {len(labels)} images is too many: use --out-dir")

@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
         where = config.run_dir
         if result.status == "interrupted":
             print(
-                f"interrupted at step {result.step}; saved {where}/ckpt/last.pt; resume with --resume auto",
+                f"interrupted at step {result.step}; saved {where}/ckpt/last.pt; run the same command again to resume",
                 file=sys.stderr,
             )
         else:

@@ -17,7 +17,10 @@ file holds "label_names", "num_cases_per_batch" and "num_vis". The official file
 from __future__ import annotations
 
 import math
+import os
 import pickle
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +71,9 @@ def write_fake_cifar10(root: str | Path, *, num_train: int = 256, num_test: int 
     """Writes a small synthetic CIFAR-10 that torchvision's `CIFAR10` (and `load_cifar10`) can open.
 
     Args:
-        root: directory to create `cifar-10-batches-py/` in (existing files there are overwritten).
+        root: directory to create `cifar-10-batches-py/` in (existing files there are overwritten). The set is
+            written to a hidden temp folder and renamed into place, so a killed generation leaves no half set and
+            concurrent writers (torchrun ranks) are safe.
         num_train: training images, spread over the five `data_batch_*` files (classes balanced).
         num_test: test images in `test_batch` (classes balanced, drawn independently of the training set).
         seed: makes the whole dataset reproducible.
@@ -82,8 +87,12 @@ def write_fake_cifar10(root: str | Path, *, num_train: int = 256, num_test: int 
     if num_train <= 0 or num_test <= 0:
         raise UsageError(f"fake CIFAR-10 needs at least one train and one test image, got {num_train} / {num_test}")
     root = Path(root).expanduser()
-    folder = root / CIFAR10_DIRNAME
-    folder.mkdir(parents=True, exist_ok=True)
+    target = root / CIFAR10_DIRNAME
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f".{CIFAR10_DIRNAME}.*.tmp"):  # a generation killed half-way (its process is gone)
+        if not _alive(stale.name.split(".")[2]):
+            shutil.rmtree(stale, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{CIFAR10_DIRNAME}.{os.getpid()}.", suffix=".tmp", dir=root))
     rng = np.random.default_rng(seed)
     palette_K3 = rng.uniform(40, 215, size=(len(CIFAR10_CLASSES), 3)).astype(np.float32)
 
@@ -102,4 +111,27 @@ def write_fake_cifar10(root: str | Path, *, num_train: int = 256, num_test: int 
     meta = {"num_cases_per_batch": int(bounds[1] - bounds[0]), "label_names": list(CIFAR10_CLASSES), "num_vis": 3072}
     with open(folder / "batches.meta", "wb") as f:
         pickle.dump(meta, f, protocol=2)
+    if target.exists():  # overwrite: move the old set aside first, so the rename below commits the new one
+        old = Path(tempfile.mkdtemp(prefix=f".{CIFAR10_DIRNAME}.{os.getpid()}.", suffix=".tmp", dir=root))
+        os.replace(target, old / CIFAR10_DIRNAME)
+        shutil.rmtree(old, ignore_errors=True)
+    try:  # the rename is the commit point: processes racing here (torchrun ranks) write the same files; one wins
+        os.rename(folder, target)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+        if not (target / "batches.meta").is_file():
+            raise
     return root
+
+
+def _alive(pid_text: str) -> bool:
+    """Whether the process whose pid is in a temp folder's name still runs (unparsable: assume it does)."""
+    try:
+        os.kill(int(pid_text), 0)
+    except ValueError:
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

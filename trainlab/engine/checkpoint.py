@@ -2,6 +2,11 @@
 
 A crash mid-write leaves the previous `last.pt` intact: the rename is the commit point. Everything a user hands
 in is read with `torch.load(weights_only=True)`, so checkpoints hold only tensors, containers and primitives.
+
+`CheckpointStore` keeps a run's `ckpt/` consistent after any crash: the last K saves stay as `step_*.pt` (hard
+links, so the newest costs no extra disk) and a corrupt `last.pt` falls back to them; temp files of killed saves
+are removed at start; a `best.pt` left behind by a kill between the two renames is repaired from `last.pt`; weights
+with NaN / inf are never written over a finite checkpoint; a full disk is one line, the old checkpoint intact.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from trainlab.errors import UsageError
+from trainlab.errors import TrainingStopped, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +40,11 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """`torch.save` to a temp file in the same directory, fsync it, then `os.replace` onto `path`."""
+    """`torch.save` to a temp file in the same directory, fsync it, then `os.replace` onto `path`.
+
+    Raises:
+        UsageError: the disk is full or not writable (the previous file at `path` is untouched).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -44,8 +54,14 @@ def atomic_save(obj: Any, path: Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as err:
         Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(err, OSError) or (isinstance(err, RuntimeError) and "write" in str(err).lower()):
+            reason = os.strerror(err.errno) if isinstance(err, OSError) and err.errno else str(err).splitlines()[0]
+            raise UsageError(
+                f"could not write {path} ({reason[:120]}); the previous checkpoint is intact: free disk space or "
+                "pass another --run-dir, then resume"
+            ) from None
         raise
 
 
@@ -78,20 +94,105 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
-def check_compatible(saved_config: dict[str, Any], config: dict[str, Any], keys: tuple[str, ...], path: Path) -> None:
-    """Refuse to resume when a field that changes the computation differs; name the first mismatch."""
+class NonFiniteWeightsError(TrainingStopped):
+    """Weights or buffers hold NaN / inf: such a state is never saved over a finite checkpoint."""
 
-    def lookup(d: dict[str, Any], dotted: str) -> Any:
-        for part in dotted.split("."):
-            if not isinstance(d, dict) or part not in d:
-                return "<absent>"
-            d = d[part]
-        return d
 
-    for key in keys:
-        a, b = lookup(saved_config, key), lookup(config, key)
-        if a != b:
-            raise UsageError(
-                f"checkpoint {path} was trained with {key}={a!r} but this run has {key}={b!r}; "
-                f"use the same {key} or start a new run directory"
-            )
+def non_finite_weights(models: dict[str, nn.Module]) -> list[str]:
+    """Names ("model.name") of parameters holding NaN or inf, and of buffers holding NaN (buffers may hold inf on
+    purpose, e.g. an attention mask's -inf)."""
+    bad = []
+    for model_name, model in models.items():
+        for name, p in model.named_parameters():
+            if p.is_floating_point() and not bool(p.detach().isfinite().all()):
+                bad.append(f"{model_name}.{name}")
+        for name, b in model.named_buffers():
+            if b.is_floating_point() and bool(b.isnan().any()):
+                bad.append(f"{model_name}.{name}")
+    return bad
+
+
+class CheckpointStore:
+    """A run's `ckpt/`: `last.pt`, `best.pt` and the last `keep` saves as `step_<step>.pt`."""
+
+    def __init__(self, directory: Path, keep: int = 2) -> None:
+        self.directory, self.keep = directory, keep
+        self.last, self.best = directory / "last.pt", directory / "best.pt"
+
+    def history(self) -> list[Path]:
+        """The kept saves, oldest first."""
+        return sorted(self.directory.glob("step_*.pt"))
+
+    def exists(self) -> bool:
+        """Whether there is anything to resume from."""
+        return self.last.is_file() or bool(self.history())
+
+    def clean_temp_files(self) -> int:
+        """Remove temp files of saves that were killed mid-write; returns how many."""
+        stale = list(self.directory.glob(".*.tmp")) if self.directory.is_dir() else []
+        for path in stale:
+            path.unlink(missing_ok=True)
+        if stale:
+            log.warning("removed %d temp file(s) of interrupted checkpoint writes in %s", len(stale), self.directory)
+        return len(stale)
+
+    def clear(self) -> None:
+        """Delete every checkpoint (--overwrite)."""
+        for path in [self.last, self.best, *self.history()]:
+            path.unlink(missing_ok=True)
+
+    def save(self, state: dict[str, Any], *, is_best: bool) -> None:
+        """Write `last.pt` (the commit point), link it as `step_<step>.pt`, prune old steps, copy to `best.pt`."""
+        atomic_save(state, self.last)
+        if self.keep > 1:
+            self._link(self.last, self.directory / f"step_{int(state['step']):09d}.pt")
+            for old in self.history()[: -self.keep]:
+                old.unlink(missing_ok=True)
+        if is_best:
+            atomic_copy(self.last, self.best)
+
+    def _link(self, src: Path, dst: Path) -> None:
+        tmp = dst.with_name(f".{dst.name}.link.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+        except OSError:  # no hard links on this file system: a copy
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+
+    def load_latest(self, load: Any = None) -> tuple[dict[str, Any], Path]:
+        """The newest readable checkpoint: `last.pt`, else the kept saves newest first (with a warning).
+
+        Raises:
+            UsageError: nothing readable.
+        """
+        load = load or load_checkpoint
+        candidates = [self.last, *reversed(self.history())]
+        errors = []
+        for path in candidates:
+            if not path.is_file():
+                continue
+            try:
+                state = load(path)
+            except UsageError as err:
+                errors.append(str(err))
+                log.warning("%s is unreadable (%s); trying an older checkpoint", path, str(err)[:160])
+                continue
+            if path != self.last:
+                log.warning("resuming from the fallback %s (last.pt was unreadable)", path)
+            return state, path
+        raise UsageError(f"no readable checkpoint in {self.directory} ({errors[0] if errors else 'none found'})")
+
+    def repair_best(self, state: dict[str, Any], source: Path) -> None:
+        """A kill between the `last.pt` rename and the `best.pt` copy leaves `best.pt` behind: copy it again."""
+        if state.get("best_step") != state["step"]:
+            return
+        if self.best.is_file():
+            try:
+                best_step = torch.load(self.best, map_location="cpu", weights_only=True, mmap=True).get("step")
+            except Exception:
+                best_step = None
+            if best_step == state["step"]:
+                return
+        log.warning("best.pt is behind the best step %d recorded in %s: restoring it", state["step"], source.name)
+        atomic_copy(source, self.best)

@@ -40,13 +40,14 @@ def run_debug_check(recipe_cls: type[Recipe], recipe: Recipe, work_dir: Path) ->
     tiny = recipe.debug_config()
     if work_dir.exists():
         shutil.rmtree(work_dir)
-    straight_cfg = dataclasses.replace(tiny, run_dir=work_dir / "straight", resume="", debug=False)
+    fresh = {"resume": "never", "overwrite": False, "debug": False}
+    straight_cfg = dataclasses.replace(tiny, run_dir=work_dir / "straight", **fresh)
     straight = Trainer(recipe_cls(straight_cfg))
     result_a = straight.fit()
     total = len(result_a.losses)
     resume_at = max(1, total // 2)
 
-    split_cfg = dataclasses.replace(tiny, run_dir=work_dir / "resumed", resume="", debug=False)
+    split_cfg = dataclasses.replace(tiny, run_dir=work_dir / "resumed", **fresh)
     first = Trainer(recipe_cls(split_cfg))
     result_b1 = first.fit(stop_at_step=resume_at)
     second = Trainer(recipe_cls(dataclasses.replace(split_cfg, resume="auto")))

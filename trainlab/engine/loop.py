@@ -23,22 +23,47 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainlab import dist
 from trainlab.config import to_dict
-from trainlab.engine.checkpoint import atomic_copy, atomic_save, check_compatible, load_checkpoint
+from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, load_checkpoint, non_finite_weights
 from trainlab.engine.data import StepBatchSampler, build_loader
 from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
-from trainlab.engine.metrics import MetricsLogger, progress
+from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
 from trainlab.engine.precision import LossScaler, Precision, check_device_support
 from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.engine.run_lock import RunDirLock
 from trainlab.engine.runinfo import prepare_run_dir, write_config
 from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import rng_state, seed_everything, set_deterministic, set_rng_state
 from trainlab.engine.signals import graceful_stop
 from trainlab.engine.step import StepRunner
-from trainlab.errors import UsageError
+from trainlab.errors import TrainingStopped, UsageError
 
 log = logging.getLogger(__name__)
 
-ENGINE_RESUME_KEYS = ("precision", "batch_size", "grad_accumulation", "seed")
+# Engine fields a resume may change (applied and logged); every other field must equal the checkpoint's.
+ENGINE_MAY_CHANGE = (
+    "run_dir",
+    "device",
+    "max_steps",
+    "clip_grad_norm",
+    "num_workers",
+    "log_every",
+    "eval_every_epochs",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "resume",
+    "overwrite",
+    "max_skipped_steps",
+    "tensorboard",
+    "wandb",
+    "wandb_project",
+    "wandb_entity",
+    "wandb_name",
+    "progress",
+    "deterministic",
+    "ddp_find_unused_parameters",
+    "memory_snapshot",
+    "debug",
+)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,6 +87,8 @@ class Progress:
     epoch: int = 0
     step_in_epoch: int = 0
     best_score: float | None = None
+    best_step: int | None = None  # the step best.pt holds
+    eval_pending: bool = False  # saved at an epoch end before its evaluation ran
 
 
 @dataclass
@@ -131,9 +158,9 @@ class Trainer:
             pin_memory=self.device.type == "cuda",
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch
-        self.total_steps = self.steps_per_epoch * cfg.epochs
-        if cfg.max_steps > 0:
-            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.total_steps = self.steps_per_epoch * cfg.epochs  # the schedule's horizon; --max-steps only stops early
+        self.stop_step = min(self.total_steps, cfg.max_steps) if cfg.max_steps > 0 else self.total_steps
+        self.store = CheckpointStore(self.ckpt_dir, keep=cfg.keep_checkpoints)
         self.scalers = {
             p.name: LossScaler(self.precision, self.device.type, cfg.static_loss_scale) for p in self.phases
         }
@@ -154,6 +181,7 @@ class Trainer:
         self.progress = Progress()
         self._stop_at_step: int | None = None
         self._rss_at_start = 0
+        self._skipped_in_a_row = 0
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _wrap_ddp(self) -> dict[str, nn.Module]:
@@ -174,7 +202,8 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        per_rank_rng = dist.all_gather_object(rng_state())  # collective under DDP: every rank takes part
+        """Everything a resume needs, to the bit (collective under DDP: every rank takes part)."""
+        per_rank_rng = dist.all_gather_object(rng_state())
         return {
             "format": "trainlab-checkpoint",
             "version": 1,
@@ -188,58 +217,134 @@ class Trainer:
             "epoch": self.progress.epoch,
             "step_in_epoch": self.progress.step_in_epoch,
             "best_score": self.progress.best_score,
+            "best_step": self.progress.best_step,
+            "eval_pending": self.progress.eval_pending,
             "rng_per_rank": per_rank_rng,
             "recipe_state": self.recipe.state_dict(),
         }
 
     def save(self, *, is_best: bool = False) -> None:
-        state = self.state_dict()  # collective under DDP: every rank takes part
+        """Write ckpt/last.pt (and best.pt); refuses weights with NaN / inf on every rank alike."""
+        if is_best:
+            self.progress.best_step = self.progress.step
+        bad = non_finite_weights(self.parts.models)
+        if bad:
+            raise NonFiniteWeightsError(
+                f"training diverged: at step {self.progress.step} {len(bad)} weight / buffer tensor(s) hold NaN or inf "
+                f"(first: {bad[0]}); the last finite checkpoint is kept: lower the learning rate and resume"
+            )
+        state = self.state_dict()
         if not self.write_outputs:
             return
-        last = self.ckpt_dir / "last.pt"
-        atomic_save(state, last)
-        if is_best:
-            atomic_copy(last, self.ckpt_dir / "best.pt")
-        log.info("saved %s (step %d%s)", last, self.progress.step, ", best" if is_best else "")
+        self.store.save(state, is_best=is_best)
+        log.info("saved %s (step %d%s)", self.store.last, self.progress.step, ", best" if is_best else "")
 
     def load(self, path: Path) -> None:
-        state = load_checkpoint(path)
+        """Resume from the checkpoint at `path` (its config must match this run's, see `ENGINE_MAY_CHANGE`)."""
+        self._load_state(load_checkpoint(path), path)
+
+    def _load_state(self, state: dict[str, Any], path: Path) -> None:
         if state.get("recipe") != self.recipe.name:
             raise UsageError(f"checkpoint {path} is from recipe {state.get('recipe')!r}, not {self.recipe.name!r}")
-        keys = ENGINE_RESUME_KEYS + self.recipe.resume_must_match
-        check_compatible(state["config"], to_dict(self.config), keys, path)
-        for name, model in self.parts.models.items():
-            try:
-                model.load_state_dict(state["models"][name])
-            except (KeyError, RuntimeError) as err:
-                first = str(err).splitlines()[0][:200]
-                raise UsageError(f"checkpoint {path} does not fit model {name!r} ({first}); check --model") from None
-        for phase in self.phases:
-            phase.optimizer.load_state_dict(state["optimizers"][phase.name])
-            self.scalers[phase.name].load_state_dict(state["scalers"][phase.name])
-            self.schedulers[phase.name].load_state_dict(state["schedulers"][phase.name])
-        self.progress = Progress(
-            step=int(state["step"]),
-            epoch=int(state["epoch"]),
-            step_in_epoch=int(state["step_in_epoch"]),
-            best_score=state["best_score"],
-        )
-        rngs = state["rng_per_rank"]
-        set_rng_state(rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0])
-        self.recipe.load_state_dict(state["recipe_state"])
+        self._check_resume_config(state, path)
+        try:
+            for name, model in self.parts.models.items():
+                try:
+                    model.load_state_dict(state["models"][name])
+                except (KeyError, RuntimeError) as err:
+                    first = str(err).splitlines()[0][:200]
+                    raise UsageError(
+                        f"checkpoint {path} does not fit model {name!r} ({first}); check --model"
+                    ) from None
+            for phase in self.phases:
+                phase.optimizer.load_state_dict(state["optimizers"][phase.name])
+                self.scalers[phase.name].load_state_dict(state["scalers"][phase.name])
+                self.schedulers[phase.name].load_state_dict(state["schedulers"][phase.name])
+            self.progress = Progress(
+                step=int(state["step"]),
+                epoch=int(state["epoch"]),
+                step_in_epoch=int(state["step_in_epoch"]),
+                best_score=state["best_score"],
+                best_step=state.get("best_step"),
+                eval_pending=bool(state.get("eval_pending", False)),
+            )
+            rngs = state["rng_per_rank"]
+            set_rng_state(rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0])
+            self.recipe.load_state_dict(state["recipe_state"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise UsageError(
+                f"checkpoint {path} is incomplete or damaged ({type(err).__name__}: {str(err)[:120]}); resume from "
+                "another checkpoint (ckpt/step_*.pt) or start over with --overwrite"
+            ) from None
+        if self.write_outputs and path.parent == self.ckpt_dir:
+            self.store.repair_best(state, path)
         log.info("resumed from %s at step %d (epoch %d, step %d in epoch)", path, *self._position())
+
+    def _check_resume_config(self, state: dict[str, Any], path: Path) -> None:
+        """Refuse a resume that would silently compute something else; apply and log the fields that may change."""
+        may_change = set(ENGINE_MAY_CHANGE) | set(self.recipe.resume_may_change)
+        saved, now = _flatten(state.get("config", {})), _flatten(to_dict(self.config))
+        changed = []
+        for key in sorted(set(saved) & set(now)):
+            if saved[key] == now[key]:
+                continue
+            if key.split(".")[0] in may_change:
+                changed.append(f"{key} {saved[key]!r} -> {now[key]!r}")
+                continue
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(
+                f"checkpoint {path} was trained with {key}={saved[key]!r} but this run has {key}={now[key]!r}; "
+                f"resume with the same {flag}, or start over (--overwrite or a new --run-dir)"
+            )
+        if changed:
+            log.info("resuming with changed settings (applied): %s", "; ".join(changed))
 
     def _position(self) -> tuple[int, int, int]:
         return self.progress.step, self.progress.epoch, self.progress.step_in_epoch
 
-    def _resume_path(self) -> Path | None:
-        resume = self.config.resume
-        if not resume:
-            return None
-        if resume == "auto":
-            last = self.ckpt_dir / "last.pt"
-            return last if last.is_file() else None
-        return Path(resume)
+    def _start(self) -> None:
+        """Relaunch rules: resume when the run dir holds a checkpoint (the default), never destroy one silently."""
+        cfg = self.config
+        if self.write_outputs:
+            self.store.clean_temp_files()
+        resume = cfg.resume or "never"
+        if cfg.overwrite:
+            if self.write_outputs and (self.store.exists() or (self.run_dir / "metrics.jsonl").exists()):
+                log.warning("--overwrite: deleting the checkpoints and logs in %s and starting over", self.run_dir)
+                self._clear_outputs()
+            dist.barrier()
+            return
+        if resume not in ("auto", "never"):
+            path = Path(resume)
+            if not path.is_file():
+                raise UsageError(f"checkpoint {path} not found; pass an existing file, or --resume auto")
+            self.load(path)
+            return
+        if not self.store.exists():
+            if self.write_outputs and (self.run_dir / "metrics.jsonl").exists():
+                log.info(
+                    "no checkpoint in %s: starting fresh (replacing the logs of an attempt that saved none)",
+                    self.run_dir,
+                )
+                self._clear_outputs()
+            dist.barrier()
+            return
+        if resume == "never":
+            raise UsageError(
+                f"{self.run_dir} holds a checkpoint; continue it with --resume auto (the default), start over with "
+                "--overwrite, or pass a new --run-dir"
+            )
+        state, path = self.store.load_latest()
+        log.info("%s holds a checkpoint: resuming it (--overwrite starts over)", self.run_dir)
+        self._load_state(state, path)
+
+    def _clear_outputs(self) -> None:
+        import shutil
+
+        self.store.clear()
+        (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        (self.run_dir / WANDB_RUN_ID_FILE).unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir / "tb", ignore_errors=True)
 
     def step_info(self) -> StepInfo:
         """The `StepInfo` of the next optimizer step."""
@@ -249,7 +354,7 @@ class Trainer:
             total_steps=self.total_steps,
             steps_per_epoch=self.steps_per_epoch,
             epoch=self.progress.epoch,
-            log_now=self._logs_step(step + 1),
+            log_now=self._logs_step(step + 1) or step + 1 == self.stop_step,
             num_micro_steps=self.config.grad_accumulation,
         )
 
@@ -260,18 +365,40 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self, stop_at_step: int | None = None) -> FitResult:
         """Train to the end (or to `stop_at_step`, saving there as an interruption would: used by --debug/tests)."""
+        lock = RunDirLock(self.run_dir) if self.write_outputs else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            return self._fit(stop_at_step)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _fit(self, stop_at_step: int | None) -> FitResult:
         cfg = self.config
         self._stop_at_step = stop_at_step
-        resume_path = self._resume_path()
-        if resume_path is not None:
-            self.load(resume_path)
-        elif cfg.resume and cfg.resume != "auto":
-            raise UsageError(f"checkpoint {cfg.resume} not found")
+        self._start()
         logger = MetricsLogger(
             self.run_dir if self.write_outputs else None,
             tensorboard=cfg.tensorboard,
             wandb_mode=cfg.wandb,
+            wandb_project=cfg.wandb_project,
+            wandb_entity=cfg.wandb_entity,
+            run_name=cfg.wandb_name,
             config=to_dict(cfg),
+        )
+        logger.log(
+            "event",
+            self.progress.step,
+            self.progress.epoch,
+            {"event": "start", "total_steps": self.total_steps, "stop_step": self.stop_step},
+        )
+        self._bar = RunProgress(
+            self.stop_step,
+            self.progress.step,
+            cfg.batch_size,
+            enabled=cfg.progress and self.is_main,
+            log_every=cfg.log_every,
         )
         if self.write_outputs:
             write_config(self.run_dir, self.recipe.name, to_dict(cfg))
@@ -286,6 +413,8 @@ class Trainer:
         self._rss_at_start = current_rss_bytes()
         try:
             with graceful_stop() as stop:
+                if self.progress.eval_pending:  # stopped at an epoch end before its evaluation: run it now
+                    last_eval = self._evaluate_epoch(logger)
                 while self.progress.epoch < cfg.epochs and status == "finished":
                     if cfg.max_steps > 0 and self.progress.step >= cfg.max_steps:  # resumed a run that reached it
                         log.info("already at --max-steps %d: nothing left to train", cfg.max_steps)
@@ -296,7 +425,7 @@ class Trainer:
                         epoch_seconds.append(epoch_time)
                         samples_seen += samples
                     if self.progress.step_in_epoch == 0:  # an epoch just completed
-                        last_eval = self._end_of_epoch(logger) or last_eval
+                        last_eval = self._end_of_epoch(logger, stop) or last_eval
             if status != "interrupted" and self._reached_end() and self.is_main:
                 self.recipe.on_fit_end({**self.parts.models, **self.parts.frozen})
             logger.log(
@@ -306,6 +435,7 @@ class Trainer:
                 self._summary(epoch_seconds, samples_seen, last_eval),
             )
         finally:  # on an exception nothing is saved: the last good checkpoint stays as it was
+            self._bar.close()
             logger.close()
         return FitResult(status, self.progress.step, self.progress.epoch, losses, last_eval)
 
@@ -325,7 +455,6 @@ class Trainer:
         for model in self.parts.models.values():
             model.train()  # frozen models stay in eval mode
         iterator = iter(self.loader)
-        bar = progress(self.steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}", enabled=cfg.progress, initial=start)
         synchronize(self.device)
         t0 = time.perf_counter()
         steps_done = 0
@@ -334,15 +463,15 @@ class Trainer:
         try:
             while self.progress.step_in_epoch < self.steps_per_epoch:
                 metrics = self.runner.run(iterator, self.step_info())
+                self._count_skipped(metrics)
                 self.progress.step += 1
                 self.progress.step_in_epoch += 1
                 steps_done += 1
                 losses.append(metrics.get(first_loss_key, math.nan))
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics.get(first_loss_key, math.nan):.4f}")
+                self._bar.update(self.progress.step, metrics)
                 if self.progress.step == 3 and cfg.memory_snapshot:
                     self._dump_memory_snapshot()
-                if self._logs_step(self.progress.step):
+                if self._logs_step(self.progress.step) or self.progress.step == self.stop_step:
                     averaged = dist.all_reduce_mean(metrics, self.device)
                     logger.log("train", self.progress.step, epoch, averaged)
                 stop_now = dist.any_rank(stop.requested, self.device)
@@ -355,14 +484,15 @@ class Trainer:
                     status = "interrupted" if stop_now else "max_steps"
                     if stop_now:
                         log.warning(
-                            "stopped by %s at step %d; resume with --resume auto", stop.signal_name, self.progress.step
+                            "stopped by %s at step %d; run the same command again to resume",
+                            stop.signal_name,
+                            self.progress.step,
                         )
                     break
                 if cfg.checkpoint_every and self.progress.step % cfg.checkpoint_every == 0:
                     self.save()
         finally:
-            bar.close()
-        synchronize(self.device)
+            synchronize(self.device)
         elapsed = time.perf_counter() - t0
         full_epoch = start == 0 and self.progress.step_in_epoch == self.steps_per_epoch
         if self.progress.step_in_epoch == self.steps_per_epoch:
@@ -370,29 +500,54 @@ class Trainer:
             self.progress.step_in_epoch = 0
         return status, (elapsed if full_epoch else None), steps_done * cfg.batch_size
 
-    def _end_of_epoch(self, logger: MetricsLogger) -> dict[str, float]:
+    def _count_skipped(self, metrics: dict[str, float]) -> None:
+        """Overflow skips are legitimate with loss scaling, up to --max-skipped-steps in a row."""
+        skipped = any(v for k, v in metrics.items() if k == "skipped" or k.endswith("/skipped"))
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
+        if self._skipped_in_a_row > self.config.max_skipped_steps:
+            scale = {k: v for k, v in metrics.items() if k.endswith("loss_scale")}
+            raise TrainingStopped(
+                f"training diverged: {self._skipped_in_a_row} optimizer steps in a row skipped for non-finite "
+                f"gradients (up to step {self.progress.step + 1}; loss scale {scale or 'n/a'}); the last good "
+                "checkpoint is kept: lower the learning rate, or raise --max-skipped-steps, and resume"
+            )
+
+    def _end_of_epoch(self, logger: MetricsLogger, stop: Any) -> dict[str, float]:
+        """Save first (a preemption during a long evaluation loses nothing), then evaluate and save again."""
         cfg = self.config
         epoch = self.progress.epoch  # epochs completed
-        metrics: dict[str, float] = {}
         evaluate_now = epoch % cfg.eval_every_epochs == 0 or epoch >= cfg.epochs
+        self.progress.eval_pending = evaluate_now
+        self.save()
+        if not evaluate_now:
+            return {}
+        if dist.any_rank(stop.requested, self.device):
+            log.warning("stop requested: the evaluation of epoch %d runs when the run resumes", epoch)
+            return {}
+        return self._evaluate_epoch(logger)
+
+    def _evaluate_epoch(self, logger: MetricsLogger) -> dict[str, float]:
+        epoch = self.progress.epoch
+        metrics: dict[str, float] = {}
+        if self.is_main:
+            for model in self.parts.models.values():
+                model.eval()
+            with torch.no_grad(), self.precision.autocast(self.device.type):
+                metrics = self.recipe.evaluate({**self.parts.models, **self.parts.frozen}, self.device, epoch)
+        metrics = dist.broadcast_object(metrics)  # type: ignore[assignment]
+        if metrics:
+            logger.log("eval", self.progress.step, epoch, metrics)
+            self._bar.log_eval(epoch, metrics)
         is_best = False
-        if evaluate_now:
-            if self.is_main:
-                for model in self.parts.models.values():
-                    model.eval()
-                with torch.no_grad(), self.precision.autocast(self.device.type):
-                    metrics = self.recipe.evaluate({**self.parts.models, **self.parts.frozen}, self.device, epoch)
-            metrics = dist.broadcast_object(metrics)  # type: ignore[assignment]
-            if metrics:
-                logger.log("eval", self.progress.step, epoch, metrics)
-            key = self.recipe.best_metric
-            if key and key in metrics:
-                score = metrics[key]
-                best = self.progress.best_score
-                better = best is None or (score > best if self.recipe.best_mode == "max" else score < best)
-                if better:
-                    self.progress.best_score = score
-                    is_best = True
+        key = self.recipe.best_metric
+        if key and key in metrics:
+            score = metrics[key]
+            best = self.progress.best_score
+            better = best is None or (score > best if self.recipe.best_mode == "max" else score < best)
+            if better:
+                self.progress.best_score = score
+                is_best = True
+        self.progress.eval_pending = False
         self.save(is_best=is_best)
         return metrics
 
@@ -420,3 +575,14 @@ class Trainer:
             torch.cuda.memory._dump_snapshot(str(path))
             log.info("CUDA memory snapshot of the first 3 steps written to %s (open at pytorch.org/memory_viz)", path)
         torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config dicts as dotted keys ({"schedule": {"kind": ...}} -> {"schedule.kind": ...})."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -24,6 +24,8 @@ optimizer and in no checkpoint, and never cast by the precision mode (the recipe
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -91,26 +93,65 @@ class TrainConfig:
     log_every: int = option(10, "log training metrics every N optimizer steps")
     eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)")
     checkpoint_every: int = option(0, "also save ckpt/last.pt every N optimizer steps (0: at epoch ends only)")
-    resume: str = option("", "'' (fresh run), 'auto' (ckpt/last.pt of run_dir if present) or a checkpoint path")
+    keep_checkpoints: int = option(2, "keep the last K saves (ckpt/step_*.pt): a corrupt last.pt falls back to them")
+    resume: str = option(
+        "auto", "auto: continue from run_dir's checkpoint if there is one; never: refuse to touch one; or a path"
+    )
+    overwrite: bool = option(False, "start over in a run_dir that holds a checkpoint (deletes its ckpt/ and logs)")
+    max_skipped_steps: int = option(
+        20, "stop after this many consecutive overflow-skipped steps (dynamic loss scaling only; 0: never skip)"
+    )
     tensorboard: bool = option(True, "write TensorBoard scalars to run_dir/tb")
     wandb: Literal["off", "online", "offline"] = option("off", "Weights & Biases logging mode")
-    progress: bool = option(True, "show progress bars (only on a TTY)")
+    wandb_project: str = option("", "W&B project ('': $WANDB_PROJECT, else trainlab)")
+    wandb_entity: str = option("", "W&B entity (team or user; '': $WANDB_ENTITY or your default)")
+    wandb_name: str = option("", "W&B run name ('': the run directory's name)")
+    progress: bool = option(True, "progress bar on a terminal; otherwise a plain line every --log-every steps")
     deterministic: bool = option(False, "deterministic cuDNN kernels (slower)")
     ddp_find_unused_parameters: bool = option(False, "DDP find_unused_parameters (only for models that need it)")
     memory_snapshot: str = option("", "write a CUDA memory snapshot (pytorch.org/memory_viz) of the first steps here")
     debug: bool = option(False, "tiny data, a few steps, save, reload, more steps; check resumed losses match")
 
     def validate(self) -> None:
+        """One-line UsageErrors for values no run can use (checked before anything is built)."""
         from trainlab.errors import UsageError
 
-        if self.batch_size <= 0:
-            raise UsageError(f"--batch-size must be positive, got {self.batch_size}")
-        if self.grad_accumulation <= 0:
-            raise UsageError(f"--grad-accumulation must be >= 1, got {self.grad_accumulation}")
-        if self.epochs <= 0:
-            raise UsageError(f"--epochs must be positive, got {self.epochs}")
-        if self.log_every <= 0:
-            raise UsageError(f"--log-every must be positive, got {self.log_every}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f"--{_flag(f.name)} must be a finite number, got {value}")
+            if f.name.endswith("learning_rate") and isinstance(value, (int, float)) and value <= 0:
+                raise UsageError(f"--{_flag(f.name)} must be positive, got {value}")
+        checks = [
+            (self.batch_size > 0, f"--batch-size must be positive, got {self.batch_size}"),
+            (self.grad_accumulation > 0, f"--grad-accumulation must be >= 1, got {self.grad_accumulation}"),
+            (self.epochs > 0, f"--epochs must be positive, got {self.epochs}"),
+            (self.log_every > 0, f"--log-every must be positive, got {self.log_every}"),
+            (self.eval_every_epochs > 0, f"--eval-every-epochs must be >= 1, got {self.eval_every_epochs}"),
+            (
+                self.checkpoint_every >= 0,
+                f"--checkpoint-every must be >= 0 (0: epoch ends only), got {self.checkpoint_every}",
+            ),
+            (self.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}"),
+            (self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}"),
+            (0 <= self.seed < 2**63, f"--seed must be in [0, 2**63), got {self.seed}"),
+            (self.clip_grad_norm >= 0, f"--clip-grad-norm must be >= 0 (0: no clipping), got {self.clip_grad_norm}"),
+            (self.max_steps == -1 or self.max_steps > 0, f"--max-steps must be positive or -1, got {self.max_steps}"),
+            (self.max_skipped_steps >= 0, f"--max-skipped-steps must be >= 0, got {self.max_skipped_steps}"),
+            (self.static_loss_scale > 0, f"--static-loss-scale must be positive, got {self.static_loss_scale}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+        from trainlab.engine.metrics import check_wandb_login
+
+        check_wandb_login(self.wandb)
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 @dataclass
@@ -149,7 +190,8 @@ class Recipe(ABC, Generic[ConfigT]):
     config_class: type[TrainConfig] = TrainConfig
     best_metric: str = ""  # key returned by evaluate(); '' disables best.pt
     best_mode: Literal["max", "min"] = "max"
-    resume_must_match: tuple[str, ...] = ()  # config fields (besides the engine's) that a resume must keep
+    resume_may_change: tuple[str, ...] = ()  # config fields (besides the engine's) a resume may change; all others
+    # must equal the checkpoint's (a resume that would silently compute something else is refused, naming the field)
 
     def __init__(self, config: ConfigT) -> None:
         if not isinstance(config, self.config_class):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainlab.engine.precision import LossScaler, Precision, grad_norm_, only_requires_grad
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo
 from trainlab.engine.schedule import Scheduler
+from trainlab.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,14 @@ class StepRunner:
         scaler.unscale_(phase.optimizer)
         clip = self.clip_grad_norm if phase.clip_grad_norm is None else phase.clip_grad_norm
         norm, finite = grad_norm_(params, clip)
+        loss = float(sums["loss"])
+        if scaler.policy == "none" and not (finite and math.isfinite(loss)):
+            phase.optimizer.zero_grad(set_to_none=True)
+            raise TrainingStopped(
+                f"training diverged at step {info.step + 1} ({phase.name}): loss {loss:.4g}, gradient norm {norm:.4g} "
+                f"in {self.precision.name}, where no loss scaling skips such steps; nothing was saved after the last "
+                "good checkpoint: lower the learning rate (or clip gradients) and resume"
+            )
         stepped = scaler.step(phase.optimizer, finite)
         phase.optimizer.zero_grad(set_to_none=True)
         metrics = {key: float(value) for key, value in sums.items()}

@@ -58,7 +58,7 @@ class CifarRecipe(Recipe[CifarConfig]):
     config_class = CifarConfig
     best_metric = "test_accuracy"
     best_mode = "max"
-    resume_must_match = ("model", "learning_rate", "epochs", "fake_data")
+    resume_may_change = ("data_root", "download", "eval_batch_size")
 
     def __init__(self, config: CifarConfig) -> None:
         super().__init__(config)

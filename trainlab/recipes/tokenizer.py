@@ -207,15 +207,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
     config_class = TokenizerConfig
     best_metric = "psnr"
     best_mode = "max"
-    resume_must_match = (
-        *_ARCH_FIELDS,
-        "dataset",
-        "codebook_mode",
-        "gan_loss",
-        "discriminator_layers",
-        "discriminator_channels",
-        "discriminator_norm",
-    )
+    resume_may_change = ("data_root", "eval_batch_size", "inception_weights")
 
     def __init__(self, config: TokenizerConfig) -> None:
         super().__init__(config)

@@ -50,7 +50,7 @@ class ToyRecipe(Recipe[ToyConfig]):
     name = "toy"
     config_class = ToyConfig
     best_metric = "accuracy"
-    resume_must_match = ("num_features", "num_classes", "hidden")
+    resume_may_change = ("step_sleep_seconds",)
 
     def __init__(self, config: ToyConfig) -> None:
         super().__init__(config)

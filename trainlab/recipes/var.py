@@ -233,23 +233,14 @@ class VARRecipe(Recipe[VARTrainConfig]):
     config_class = VARTrainConfig
     best_metric = "val_cross_entropy_last_scale"  # the official "best" checkpoint tracks the val tail loss
     best_mode = "min"
-    resume_must_match = (
-        "depth",
-        "embed_dim",
-        "num_heads",
-        "shared_adaln",
-        "num_classes",
-        "image_size",
-        "patch_nums",
-        "vocab_size",
-        "dataset",
-        "horizontal_flip",
-        "use_token_cache",
-        "base_learning_rate",
-        "epochs",
-        "label_smoothing",
-        "progressive_until",
-        "progressive_start_scale",
+    resume_may_change = (
+        "data_root",
+        "tokenizer",  # a moved file: the checkpoint keeps the weights' SHA-256 and refuses others
+        "eval_batch_size",
+        "eval_max_images",
+        "token_cache_path",
+        "token_cache_rebuild",
+        "export",
     )
 
     def __init__(self, config: VARTrainConfig) -> None:

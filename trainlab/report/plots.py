@@ -11,16 +11,20 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from trainlab.errors import UsageError
 from trainlab.report.runs import RunData, is_number, load_run
 from trainlab.report.tables import MIB, mean_std
 
 DPI = 120
+MARKERS_UP_TO = 60  # curves with at most this many points show each point (a 1-point "line" is otherwise invisible)
+_LINESTYLES = ("-", "--", ":", "-.")
 _MEMORY_KIND_NAMES = {"cuda_max_allocated": "CUDA max allocated", "cpu_peak_rss": "CPU peak RSS"}
 
 
@@ -102,6 +106,40 @@ def _finite(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x[keep], y[keep]
 
 
+def _integer_x(ax: Axes) -> None:
+    """Ticks at whole steps / epochs only (never 1.2, 1.4)."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _marker(num_points: int) -> dict[str, Any]:
+    return {"marker": "o", "markersize": 3.5} if num_points <= MARKERS_UP_TO else {}
+
+
+def _same_as(curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, str]:
+    """label -> the earlier label whose curve has exactly the same points (drawn on top of each other)."""
+    same: dict[str, str] = {}
+    labels = list(curves)
+    for i, label in enumerate(labels):
+        x, y = curves[label]
+        for earlier in labels[:i]:
+            ex, ey = curves[earlier]
+            if earlier not in same and np.array_equal(x, ex) and np.allclose(y, ey, rtol=1e-9, atol=0.0):
+                same[label] = earlier
+                break
+    return same
+
+
+def _eval_axis(runs: list[RunData]) -> tuple[str, str, float] | None:
+    """(RunData attribute pair prefix, axis label, scale) of the evaluation curve: test accuracy in percent when the
+    runs measure it, else their tracked metric (VAR's validation cross-entropy, the tokenizer's PSNR)."""
+    if any(len(r.accuracy) for r in runs):
+        return "accuracy", "test accuracy (%)", 100.0
+    names = sorted({r.eval_metric for r in runs if r.eval_metric and len(r.metric)})
+    if names:
+        return "metric", " / ".join(names), 1.0
+    return None
+
+
 # ------------------------------------------------------------------------------------------------ single run
 
 
@@ -121,23 +159,35 @@ def plot_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
     run = load_run(run_dir)
     name = Path(run_dir).name
     out_dir = Path(out_dir)
-    if not len(run.loss):
+    if not run.loss_series or not any(len(y) for _, y in run.loss_series.values()):
         raise UsageError(f"{run_dir}/metrics.jsonl has no training loss yet; nothing to plot")
     paths = []
-    fig, ax = _new_figure(f"Training loss: {name}", "optimizer step", "training loss (cross-entropy)")
-    x, y = _finite(run.loss_steps, run.loss)
-    ax.plot(x, y, color="C0", label=f"{run.precision or name}")
-    if len(y) and np.all(y > 0):
+    fig, ax = _new_figure(f"Training loss: {name}", "optimizer step", "training loss")
+    all_y, hidden = [], 0
+    for i, (key, (steps, values)) in enumerate(run.loss_series.items()):
+        x, y = _finite(steps, values)
+        hidden += len(values) - len(y)
+        label = key if len(run.loss_series) > 1 else f"{run.precision or name}"
+        ax.plot(x, y, color=f"C{i}", label=f"{label} ({len(y)} logged steps)", **_marker(len(y)))
+        all_y.append(y)
+    values = np.concatenate(all_y)
+    if len(values) and np.all(values > 0):
         ax.set_yscale("log")
-    if len(y) < len(run.loss):
-        ax.set_title(f"Training loss: {name} ({len(run.loss) - len(y)} non-finite values not shown)")
+    if hidden:
+        ax.set_title(f"Training loss: {name} ({hidden} non-finite values not shown)")
+    _integer_x(ax)
     ax.legend()
     paths.append(_save(fig, out_dir, "loss.png"))
-    if len(run.accuracy):
-        fig, ax = _new_figure(f"Test accuracy: {name}", "epoch", "test accuracy (%)")
-        ax.plot(run.eval_epochs, 100 * run.accuracy, marker="o", markersize=3, color="C1", label=run.precision or name)
+    axis = _eval_axis([run])
+    if axis is not None:
+        attr, ylabel, scale = axis
+        epochs, values = (run.eval_epochs, run.accuracy) if attr == "accuracy" else (run.metric_epochs, run.metric)
+        title = "Test accuracy" if attr == "accuracy" else "Evaluation"
+        fig, ax = _new_figure(f"{title}: {name}", "epoch", ylabel)
+        ax.plot(epochs, scale * values, marker="o", markersize=3, color="C1", label=run.precision or name)
+        _integer_x(ax)
         ax.legend()
-        paths.append(_save(fig, out_dir, "accuracy.png"))
+        paths.append(_save(fig, out_dir, "accuracy.png" if attr == "accuracy" else "eval.png"))
     return paths
 
 
@@ -216,13 +266,17 @@ def _plot_loss_comparison(groups: dict[str, list[RunData]], colors: dict[str, st
     ylabel = "training loss" + (f" (moving average over {window} logged steps)" if window > 1 else "")
     fig, ax = _new_figure("Training loss by precision mode", "optimizer step", ylabel)
     lines, all_y = [], []
-    for label, runs in groups.items():
-        curve = _group_curve(runs, "loss_steps", "loss", smooth=window)
+    curves = {label: _group_curve(runs, "loss_steps", "loss", smooth=window) for label, runs in groups.items()}
+    same = _same_as({label: (c[0], c[1]) for label, c in curves.items() if c is not None})
+    for i, (label, runs) in enumerate(groups.items()):
+        curve = curves[label]
         if curve is None:
             ax.plot([], [], color=colors[label], label=f"{label} (no finite loss)")
             continue
         x, mean, lo, hi = curve
-        ax.plot(x, mean, color=colors[label], linewidth=1.2, label=label + _seed_note(runs))
+        note = f" (same values as {same[label]})" if label in same else ""
+        style = {"linestyle": _LINESTYLES[i % len(_LINESTYLES)], **_marker(len(x))}
+        ax.plot(x, mean, color=colors[label], linewidth=1.2, label=label + _seed_note(runs) + note, **style)
         if len(runs) > 1:
             ax.fill_between(x, lo, hi, color=colors[label], alpha=0.2, linewidth=0)
         lines.append((x, mean, colors[label]))
@@ -235,20 +289,38 @@ def _plot_loss_comparison(groups: dict[str, list[RunData]], colors: dict[str, st
         x_min = min(float(x.min()) for x, _, _ in lines)
         if x_max > x_min:
             _tail_inset(ax, lines, x_max - 0.1 * (x_max - x_min), log_y=log_y, upper=True)  # loss falls
+    _integer_x(ax)
     _legend(ax)
     return _save(fig, out_dir, "loss_vs_step.png")
 
 
 def _plot_accuracy_comparison(groups: dict[str, list[RunData]], colors: dict[str, str], out_dir: Path) -> Path:
-    fig, ax = _new_figure("Test accuracy by precision mode", "epoch", "test accuracy (%)")
+    axis = _eval_axis([r for runs in groups.values() for r in runs]) or ("accuracy", "test accuracy (%)", 100.0)
+    attr, ylabel, scale = axis
+    x_attr, y_attr = ("eval_epochs", "accuracy") if attr == "accuracy" else ("metric_epochs", "metric")
+    title = "Test accuracy by precision mode" if attr == "accuracy" else f"{ylabel} by run"
+    fig, ax = _new_figure(title, "epoch", ylabel)
     lines = []
-    for label, runs in groups.items():
-        curve = _group_curve(runs, "eval_epochs", "accuracy", scale=100.0)
+    curves = {label: _group_curve(runs, x_attr, y_attr, scale=scale) for label, runs in groups.items()}
+    same = _same_as({label: (c[0], c[1]) for label, c in curves.items() if c is not None})
+    for i, (label, runs) in enumerate(groups.items()):
+        curve = curves[label]
         if curve is None:
             ax.plot([], [], color=colors[label], label=f"{label} (no eval)")
             continue
         x, mean, lo, hi = curve
-        ax.plot(x, mean, color=colors[label], marker="o", markersize=2.5, linewidth=1.2, label=label + _seed_note(runs))
+        note = f" (same values as {same[label]})" if label in same else ""
+        ax.plot(
+            x,
+            mean,
+            color=colors[label],
+            marker="os^Dv"[i % 5],
+            markersize=3.5 if label not in same else 6.0,
+            fillstyle="full" if label not in same else "none",
+            linestyle=_LINESTYLES[i % len(_LINESTYLES)],
+            linewidth=1.2,
+            label=label + _seed_note(runs) + note,
+        )
         if len(runs) > 1:
             ax.fill_between(x, lo, hi, color=colors[label], alpha=0.2, linewidth=0)
         lines.append((x, mean, colors[label]))
@@ -256,9 +328,10 @@ def _plot_accuracy_comparison(groups: dict[str, list[RunData]], colors: dict[str
         last_epoch = max(int(x.max()) for x, _, _ in lines)
         tail = max(3, math.ceil(0.1 * last_epoch))
         if last_epoch >= 2 * tail:
-            _tail_inset(ax, lines, last_epoch - tail, log_y=False, upper=False)  # accuracy rises
+            _tail_inset(ax, lines, last_epoch - tail, log_y=False, upper=attr != "accuracy")  # accuracy rises
+    _integer_x(ax)
     _legend(ax)
-    return _save(fig, out_dir, "accuracy_vs_epoch.png")
+    return _save(fig, out_dir, "accuracy_vs_epoch.png" if attr == "accuracy" else "eval_vs_epoch.png")
 
 
 def _values(runs: list[RunData], key: str) -> list[float]:
@@ -316,8 +389,10 @@ def _plot_summary_bars(
         mean, std = mean_std(values)
         x = i - width / 2 if has_reserved else i
         ax.bar(x, mean, width, yerr=std, capsize=4, color=colors[label], label=label + _seed_note(groups[label]))
+        timed = _values(groups[label], "epochs_timed") if key == "seconds_per_epoch" else []
+        n_note = f"\nn={int(min(timed))}" + (f"-{int(max(timed))}" if max(timed) != min(timed) else "") if timed else ""
         ax.annotate(
-            fmt.format(mean),
+            fmt.format(mean) + n_note + (" epoch" + ("" if max(timed, default=0) == 1 else "s") if timed else ""),
             (x, mean + (std or 0.0)),
             ha="center",
             va="bottom",
@@ -347,17 +422,19 @@ def _plot_summary_bars(
 
 
 def _plot_accuracy_vs_time(groups: dict[str, list[RunData]], colors: dict[str, str], out_dir: Path) -> Path:
-    fig, ax = _new_figure(
-        "Final test accuracy vs training time",
-        "train time per epoch (s, first epoch excluded)",
-        "final test accuracy (%)",
-    )
+    everything = [r for runs in groups.values() for r in runs]
+    key, scale, ylabel = "final_test_accuracy", 100.0, "final test accuracy (%)"
+    if not any(is_number(r.summary.get(key)) for r in everything):  # VAR, tokenizer: their tracked metric
+        names = sorted({r.eval_metric for r in everything if r.eval_metric})
+        key, scale, ylabel = "final_eval", 1.0, "final " + (" / ".join(names) or "evaluation metric")
+    fig, ax = _new_figure(f"{ylabel[0].upper()}{ylabel[1:]} vs training time", "train time per epoch (s, first "
+                          "epoch excluded)", ylabel)  # fmt: skip
     all_accuracies: list[float] = []
     for label, runs in groups.items():
         points = [
-            (float(r.summary["seconds_per_epoch"]), 100 * float(r.summary["final_test_accuracy"]))
+            (float(r.summary["seconds_per_epoch"]), scale * float(r.summary[key]))
             for r in runs
-            if is_number(r.summary.get("seconds_per_epoch")) and is_number(r.summary.get("final_test_accuracy"))
+            if is_number(r.summary.get("seconds_per_epoch")) and is_number(r.summary.get(key))
         ]
         if not points:
             ax.scatter([], [], color=colors[label], label=f"{label} (no summary)")
@@ -367,7 +444,7 @@ def _plot_accuracy_vs_time(groups: dict[str, list[RunData]], colors: dict[str, s
         ax.scatter(
             xs, ys, color=colors[label], s=36, label=label + (f" ({len(points)} seeds)" if len(points) > 1 else "")
         )
-    if all_accuracies:  # accuracy cannot exceed 100%: do not let the autoscale pad past it
+    if all_accuracies and key == "final_test_accuracy":  # accuracy cannot exceed 100%: do not pad past it
         lo, hi = min(all_accuracies), max(all_accuracies)
         pad = max(0.5, 0.08 * (hi - lo))
         ax.set_ylim(max(0.0, lo - pad), min(100.0, hi) + min(pad, 100.5 - min(100.0, hi)))

@@ -7,7 +7,11 @@ here), "step" (optimizer step) and "epoch", plus numeric metrics. Conventions th
 - non-finite floats are stored as the strings "nan" / "inf" / "-inf" (JSON has no such numbers) and read back as
   floats;
 - a resumed run appends to the same file, so steps logged after the last checkpoint appear twice: when the same
-  (kind, step) or eval epoch occurs again, the later row wins.
+  (kind, step) or eval epoch occurs again, the later row wins;
+- the training loss is "loss", or "<phase>/loss" for recipes with several optimizers (the tokenizer's
+  "generator/loss" and "discriminator/loss"): the first is the run's main loss;
+- the evaluation metric that describes a run is the one its recipe tracks for `best.pt` (the summary row's
+  "best_<metric>"), else the test accuracy, else the first numeric evaluation metric.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +83,34 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def find_run_dirs(root: str | Path) -> list[Path]:
+    """Run directories under `root` (itself included): folders holding `metrics.jsonl`, sorted by path. The folders
+    a run writes inside itself (tb, ckpt, wandb, plots, report) and hidden ones are not searched."""
+    found = []
+    for here, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if d not in _RUN_SUBDIRS and not d.startswith("."))
+        if "metrics.jsonl" in files:
+            found.append(Path(here))
+    return found
+
+
+_RUN_SUBDIRS = {"tb", "ckpt", "wandb", "plots", "report", "__pycache__"}
+
+
+def read_header(run_dir: str | Path) -> dict[str, str]:
+    """The provenance comments at the top of `<run_dir>/config.yaml` (`# recipe: var`, `# command: ...`)."""
+    path = Path(run_dir) / "config.yaml"
+    header: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if not line.startswith("#"):
+                break
+            key, sep, value = line[1:].strip().partition(": ")
+            if sep:
+                header[key] = value
+    return header
+
+
 def read_config(run_dir: str | Path) -> dict[str, Any]:
     """Reads `<run_dir>/config.yaml` (the resolved config); {} when there is none.
 
@@ -118,6 +151,25 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarra
     return np.asarray(xs, dtype=np.int64), np.asarray(ys, dtype=np.float64)
 
 
+def loss_keys(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The training-loss keys of a run, main one first: ["loss"], or the "<phase>/loss" keys in first-seen order."""
+    seen: list[str] = []
+    for row in rows:
+        for key in row:
+            if (key == "loss" or key.endswith("/loss")) and key not in seen:
+                seen.append(key)
+    return ["loss"] if "loss" in seen else seen
+
+
+def _eval_metric(evals: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+    numeric = [k for r in evals for k, v in r.items() if is_number(v) and k not in ("step", "epoch", "_x")]
+    tracked = [k[len("best_") :] for k in summary if k.startswith("best_") and k[len("best_") :] in numeric]
+    if tracked:
+        return tracked[0]
+    accuracy = [k for k in ACCURACY_KEYS if k in numeric]
+    return (accuracy or numeric)[0] if accuracy or numeric else None
+
+
 @dataclass
 class RunData:
     """What the plots and tables need from one run directory."""
@@ -131,7 +183,14 @@ class RunData:
     eval_epochs: np.ndarray
     accuracy: np.ndarray  # fraction
     summary: dict[str, Any] = field(default_factory=dict)
-    final_train_loss: float | None = None
+    final_train_loss: float | None = None  # the main loss at the last logged step
+    final_train_loss_step: int | None = None
+    recipe: str | None = None
+    loss_name: str = "loss"
+    loss_series: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # every loss key: (step, y)
+    eval_metric: str | None = None  # see the module docstring
+    metric_epochs: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    metric: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -143,7 +202,10 @@ def load_run(run_dir: str | Path) -> RunData:
     evals = [{**r, "_x": r["epoch"]} for r in latest_rows(rows, "eval", "epoch")]
     summaries = [r for r in rows if r["kind"] == "summary"]
     summary = dict(summaries[-1]) if summaries else {}
-    loss_steps, loss = _series(train, "loss")
+    keys = loss_keys(train)
+    loss_series = {key: _series(train, key) for key in keys}
+    loss_name = keys[0] if keys else "loss"
+    loss_steps, loss = loss_series.get(loss_name, _series(train, "loss"))
     acc_key = next((k for k in ACCURACY_KEYS if any(is_number(r.get(k)) for r in evals)), ACCURACY_KEYS[0])
     eval_epochs, accuracy = _series(evals, acc_key)
     summary_acc = {k: summary[k] for k in ("final_" + acc_key, "best_" + acc_key) if is_number(summary.get(k))}
@@ -153,11 +215,17 @@ def load_run(run_dir: str | Path) -> RunData:
         summary_acc = {k: v / 100.0 for k, v in summary_acc.items()}
     summary["final_test_accuracy"] = summary_acc.get("final_" + acc_key, float(accuracy[-1]) if len(accuracy) else None)
     summary["best_test_accuracy"] = summary_acc.get("best_" + acc_key, float(accuracy.max()) if len(accuracy) else None)
-    final_train_loss = None
-    last_epoch = max((int(r["epoch"]) for r in train if is_number(r.get("epoch"))), default=None)
-    if last_epoch is not None:
-        last = [float(r["loss"]) for r in train if r.get("epoch") == last_epoch and is_number(r.get("loss"))]
-        final_train_loss = float(np.mean(last)) if last else None  # nan if the run diverged: keep it visible
+    eval_metric = _eval_metric(evals, summary)
+    metric_epochs, metric = _series(evals, eval_metric) if eval_metric else (np.empty(0, np.int64), np.empty(0))
+    if eval_metric is not None:
+        final = summary.get("final_" + eval_metric)
+        best = summary.get("best_" + eval_metric)
+        summary["eval_metric"] = eval_metric
+        summary["final_eval"] = final if is_number(final) else (float(metric[-1]) if len(metric) else None)
+        summary["best_eval"] = best if is_number(best) else None
+    final_train_loss, final_train_loss_step = None, None
+    if len(loss):  # the last logged step's loss (nan if the run diverged: keep it visible)
+        final_train_loss, final_train_loss_step = float(loss[-1]), int(loss_steps[-1])
     precision = summary.get("precision") or config.get("precision")
     seed = config.get("seed")
     model = config.get("model")
@@ -172,6 +240,13 @@ def load_run(run_dir: str | Path) -> RunData:
         accuracy=accuracy,
         summary=summary,
         final_train_loss=final_train_loss,
+        final_train_loss_step=final_train_loss_step,
+        recipe=read_header(run_dir).get("recipe"),
+        loss_name=loss_name,
+        loss_series=loss_series,
+        eval_metric=eval_metric,
+        metric_epochs=metric_epochs,
+        metric=metric,
     )
 
 
@@ -184,9 +259,11 @@ def summarize_run(run_dir: str | Path, label: str | None = None) -> dict[str, An
             the run's precision, else the directory name.
 
     Returns:
-        A dict with keys: label, run_dir, precision, seed, final_test_accuracy, best_test_accuracy (fractions),
-        final_train_loss (mean loss of the logged steps of the last epoch), peak_memory_bytes, memory_kind,
-        cuda_max_reserved_bytes, seconds_per_epoch, images_per_second (None where the run did not record it).
+        A dict with keys: label, run_dir, recipe, model, precision, seed, final_test_accuracy, best_test_accuracy
+        (fractions), eval_metric, final_eval, best_eval (the run's tracked evaluation metric), final_train_loss (the
+        main loss at the last logged step), final_train_loss_step, peak_memory_bytes, memory_kind,
+        cuda_max_reserved_bytes, seconds_per_epoch, epochs_timed, images_per_second (None where the run did not
+        record it).
     """
     return _summary_row(load_run(run_dir), label)
 
@@ -196,18 +273,36 @@ def _summary_row(run: RunData, label: str | None) -> dict[str, Any]:
     return {
         "label": label or run.precision or run.run_dir.name,
         "run_dir": str(run.run_dir),
+        "recipe": run.recipe,
+        "model": run.model,
         "precision": run.precision,
         "seed": run.seed,
         "final_test_accuracy": s.get("final_test_accuracy"),
         "best_test_accuracy": s.get("best_test_accuracy"),
+        "eval_metric": run.eval_metric,
+        "final_eval": s.get("final_eval"),
+        "best_eval": s.get("best_eval"),
         "final_train_loss": run.final_train_loss,
+        "final_train_loss_step": run.final_train_loss_step,
         "peak_memory_bytes": s.get("peak_memory_bytes"),
         "memory_kind": s.get("memory_kind"),
         "cuda_max_reserved_bytes": s.get("cuda_max_reserved_bytes"),
         "cpu_peak_rss_growth_bytes": s.get("cpu_peak_rss_growth_bytes"),
         "seconds_per_epoch": s.get("seconds_per_epoch"),
+        "epochs_timed": s.get("epochs_timed"),
         "images_per_second": s.get("images_per_second"),
     }
+
+
+def different_kinds(runs: Sequence[RunData]) -> str:
+    """'' when the runs share their recipe and model, else a one-line description of what differs (for a warning:
+    their losses and metrics are not comparable)."""
+    parts = []
+    for what, values in (("recipes", [r.recipe for r in runs]), ("models", [r.model for r in runs])):
+        distinct = sorted({v for v in values if v is not None})
+        if len(distinct) > 1:
+            parts.append(f"{what} {', '.join(distinct)}")
+    return "; ".join(parts)
 
 
 def group_runs(run_dirs: Sequence[str | Path]) -> dict[str, list[Path]]:

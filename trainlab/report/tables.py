@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from trainlab.errors import UsageError
-from trainlab.report.runs import is_number
+from trainlab.report.runs import ACCURACY_KEYS, is_number
 
 MIB = 2**20  # bytes per mebibyte
 
@@ -36,6 +36,21 @@ def _fmt(values: Sequence[float], fmt: str, n_runs: int) -> str:
 
 def _numbers(rows: list[dict[str, Any]], key: str, scale: float = 1.0) -> list[float]:
     return [float(r[key]) * scale for r in rows if is_number(r.get(key))]
+
+
+def _loss_steps_note(group: list[dict[str, Any]]) -> str:
+    steps = sorted({int(r["final_train_loss_step"]) for r in group if is_number(r.get("final_train_loss_step"))})
+    if not steps or not _numbers(group, "final_train_loss"):
+        return ""
+    return f" (step {steps[0]})" if len(steps) == 1 else f" (steps {steps[0]}-{steps[-1]})"
+
+
+def _timed_note(group: list[dict[str, Any]], cell: str) -> str:
+    timed = sorted({int(r["epochs_timed"]) for r in group if is_number(r.get("epochs_timed"))})
+    if not timed or cell == "n/a":
+        return ""
+    n = str(timed[0]) if len(timed) == 1 else f"{timed[0]}-{timed[-1]}"
+    return f" (n={n} epoch{'' if timed == [1] else 's'})"
 
 
 def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path) -> None:
@@ -64,11 +79,16 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
     first_header = (
         "precision" if all(label == g[0].get("precision") for label, g in groups.items()) else "configuration"
     )
+    # accuracy columns for runs that measure accuracy (CIFAR); the tracked metric for the others (VAR, tokenizer)
+    with_accuracy = any(is_number(r.get(k)) for r in rows for k in ("final_test_accuracy", "best_test_accuracy"))
+    other_metric = any(r.get("eval_metric") and r.get("eval_metric") not in ACCURACY_KEYS for r in rows)
+    metric_header = ["final eval metric", "best eval metric"] if other_metric else []
+    accuracy_header = ["final test acc. (%)", "best test acc. (%, extra)"] if with_accuracy or not other_metric else []
     md_header = [
         first_header,
         "seed(s)",
-        "final test acc. (%)",
-        "best test acc. (%, extra)",
+        *accuracy_header,
+        *metric_header,
         "final train loss",
         "peak memory (MiB)",
         "CPU RSS growth (MiB)",
@@ -83,17 +103,30 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
         seeds = [r.get("seed") for r in group]
         seed_text = ", ".join(str(s) for s in seeds) if all(s is not None for s in seeds) else f"{n} runs"
         kinds = sorted({str(r["memory_kind"]) for r in group if r.get("memory_kind")})
-        columns = {
-            "final_test_accuracy_pct": (_numbers(group, "final_test_accuracy", 100.0), "{:.2f}"),
-            "best_test_accuracy_pct": (_numbers(group, "best_test_accuracy", 100.0), "{:.2f}"),
+        columns: dict[str, tuple[list[float], str]] = {}
+        if accuracy_header:
+            columns["final_test_accuracy_pct"] = (_numbers(group, "final_test_accuracy", 100.0), "{:.2f}")
+            columns["best_test_accuracy_pct"] = (_numbers(group, "best_test_accuracy", 100.0), "{:.2f}")
+        if metric_header:
+            columns["final_eval"] = (_numbers(group, "final_eval"), "{:.4g}")
+            columns["best_eval"] = (_numbers(group, "best_eval"), "{:.4g}")
+        columns |= {
             "final_train_loss": (_numbers(group, "final_train_loss"), "{:.4g}"),
             "peak_memory_mib": (_numbers(group, "peak_memory_bytes", 1 / MIB), "{:.0f}"),
             "cpu_rss_growth_mib": (_numbers(group, "cpu_peak_rss_growth_bytes", 1 / MIB), "{:.0f}"),
             "seconds_per_epoch": (_numbers(group, "seconds_per_epoch"), "{:.2f}"),
             "images_per_second": (_numbers(group, "images_per_second"), "{:.0f}"),
         }
-        cells = [_fmt(values, fmt, n) for values, fmt in columns.values()]
-        md_cells = [label, seed_text, *cells[:5], ", ".join(kinds) or "n/a", *cells[5:]]
+        cells = {name: _fmt(values, fmt, n) for name, (values, fmt) in columns.items()}
+        metric_names = sorted({str(r["eval_metric"]) for r in group if r.get("eval_metric")})
+        for name in ("final_eval", "best_eval"):
+            if name in cells and cells[name] != "n/a":
+                cells[name] = f"{'/'.join(metric_names)} {cells[name]}"
+        cells["final_train_loss"] += _loss_steps_note(group)
+        cells["seconds_per_epoch"] += _timed_note(group, cells["seconds_per_epoch"])
+        ordered = list(cells.values())
+        split = len(ordered) - 2  # memory kind goes before s/epoch and images/s
+        md_cells = [label, seed_text, *ordered[:split], ", ".join(kinds) or "n/a", *ordered[split:]]
         md_lines.append("| " + " | ".join(md_cells) + " |")
         csv_row: dict[str, Any] = {
             first_header: label,
@@ -110,10 +143,11 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
 
     md_lines += [
         "",
-        "Final = test accuracy after the last epoch. Best = maximum over epochs, i.e. selected on the test set "
-        "(optimistic; shown only for comparison with tables that report it). Final train loss = mean training loss "
-        "of the logged steps of the last epoch. mean ± sample std (ddof=1) over seeds. s/epoch and images/s time "
-        "the training loop only and exclude the first epoch.",
+        "Final = test accuracy (or the recipe's tracked evaluation metric) after the last epoch. Best = the best "
+        "over epochs, i.e. selected on the evaluation set (optimistic; shown only for comparison with tables that "
+        "report it). Final train loss = the training loss at the last logged step (its step in brackets). "
+        "mean ± sample std (ddof=1) over seeds. s/epoch and images/s time the training loop only and exclude the "
+        "first epoch; n = the number of epochs timed.",
     ]
     md_path, csv_path = Path(md_path), Path(csv_path)
     md_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,136 @@
+"""`trainlab runs`: every run under a folder with its status (running / finished / interrupted / failed), step/total,
+last metrics and the command that resumes it; a table and --json."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainlab.cli import main
+from trainlab.commands.runs import find_run_dirs, resume_command, run_state
+
+
+def _run_dir(
+    root: Path,
+    name: str,
+    *,
+    rows: list[dict[str, Any]],
+    ckpt_step: int | None = None,
+    epochs: int = 2,
+    command: str = "",
+    recipe: str = "toy",
+) -> Path:
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    command = command or f"trainlab train {recipe} --run-dir {run_dir} --epochs {epochs}"
+    header = f"# recipe: {recipe}\n# command: {command}\n# trainlab: 0.1.0\n"
+    (run_dir / "config.yaml").write_text(header + f"run_dir: {run_dir}\nepochs: {epochs}\nmax_steps: -1\n")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if ckpt_step is not None:
+        (run_dir / "ckpt").mkdir()
+        state = {"format": "trainlab-checkpoint", "recipe": recipe, "step": ckpt_step, "epoch": ckpt_step // 8}
+        state |= {"step_in_epoch": ckpt_step % 8, "best_score": 0.5, "models": {"m": {"w": torch.zeros(2)}}}
+        torch.save(state, run_dir / "ckpt" / "last.pt")
+    return run_dir
+
+
+def _train(step: int, loss: float) -> dict[str, Any]:
+    return {"kind": "train", "step": step, "epoch": (step - 1) // 8, "loss": loss, "lr": 0.1}
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    evals = [{"kind": "eval", "step": 8, "epoch": 0, "accuracy": 0.75, "loss": 0.6}]
+    _run_dir(
+        root,
+        "done",
+        rows=[_train(1, 2.0), _train(8, 1.0), *evals, _train(16, 0.5), {"kind": "summary", "step": 16, "epoch": 2}],
+        ckpt_step=16,
+    )
+    _run_dir(  # SIGTERM at step 12: saved there, then a summary row (the engine writes one on interruption too)
+        root,
+        "sigterm",
+        rows=[_train(1, 2.0), _train(8, 1.0), *evals, {"kind": "summary", "step": 12, "epoch": 1}],
+        ckpt_step=12,
+        command="trainlab train toy --run-dir runs/sigterm --overwrite --epochs 2",
+    )
+    _run_dir(root, "killed", rows=[_train(1, 2.0), _train(8, 1.0), *evals, _train(14, "nan")], ckpt_step=8)
+    _run_dir(root, "crashed/early", rows=[_train(1, 3.0)])  # nested; never saved
+    (root / "not-a-run" / "tb").mkdir(parents=True)
+    return root
+
+
+def test_statuses_steps_metrics_and_resume_commands(runs_root: Path) -> None:
+    dirs = find_run_dirs(runs_root)
+    assert [d.relative_to(runs_root).as_posix() for d in dirs] == ["crashed/early", "done", "killed", "sigterm"]
+    states = {Path(s.run_dir).name: s for s in map(run_state, dirs)}
+    assert {k: s.status for k, s in states.items()} == {
+        "early": "failed",
+        "done": "finished",
+        "killed": "failed",  # steps 9..14 were logged after the step-8 checkpoint: they are lost
+        "sigterm": "interrupted",
+    }
+    done, sigterm, killed = states["done"], states["sigterm"], states["killed"]
+    assert (done.step, done.total_steps, done.loss, done.eval) == (16, 16, 0.5, {"accuracy": 0.75, "loss": 0.6})
+    assert done.command is None
+    assert (sigterm.step, sigterm.total_steps, sigterm.checkpoint_step) == (12, 16, 12)
+    assert sigterm.command == "trainlab train toy --run-dir runs/sigterm --epochs 2"  # --overwrite would start over
+    assert killed.step == 14 and killed.loss is not None and killed.loss != killed.loss  # nan stays visible
+    assert states["early"].total_steps is None and states["early"].checkpoint_step is None
+
+
+def test_a_locked_run_dir_is_running(runs_root: Path) -> None:
+    run_dir = runs_root / "killed"
+    with open(run_dir / ".lock", "a+") as lock:
+        lock.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        lock.flush()
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        state = run_state(run_dir)
+        assert state.status == "running" and state.owner == f"pid {os.getpid()} on {socket.gethostname()}"
+        assert state.command is None
+    assert run_state(run_dir).status == "failed"  # the lock file stays, but nobody holds it
+
+
+def test_table_and_json(runs_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", str(runs_root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["RUN", "RECIPE", "STATUS", "STEP", "LOSS", "EVAL", "UPDATED"]
+    done = next(line for line in out if line.startswith("done "))
+    assert done.split()[:7] == ["done", "toy", "finished", "16/16", "0.5", "accuracy", "0.75"]
+    assert "  sigterm: trainlab train toy --run-dir runs/sigterm --epochs 2" in out
+    assert any(line.startswith("  crashed/early: trainlab train toy") for line in out)
+    assert main(["runs", str(runs_root), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(Path(r["run_dir"]).name, r["status"]) for r in listed] == [
+        ("early", "failed"),
+        ("done", "finished"),
+        ("killed", "failed"),
+        ("sigterm", "interrupted"),
+    ]
+    assert main(["runs", str(runs_root / "missing")]) == 2
+
+
+def test_resume_command_drops_overwrite_only() -> None:
+    assert resume_command("trainlab train var --config var_d16 --overwrite true --seed 1") == (
+        "trainlab train var --config var_d16 --seed 1"
+    )
+    assert resume_command("trainlab train toy --overwrite=1 --run-dir 'my runs/a'") == (
+        "trainlab train toy --run-dir 'my runs/a'"
+    )
+
+
+def test_a_real_toy_run_is_listed_finished(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "toy"
+    assert main(["train", "toy", "--run-dir", str(run_dir), "--epochs", "1", "--num-samples", "64"]) == 0
+    capsys.readouterr()
+    state = run_state(run_dir)
+    assert (state.recipe, state.status, state.step) == ("toy", "finished", state.total_steps)
+    assert state.step and state.loss is not None and "accuracy" in state.eval

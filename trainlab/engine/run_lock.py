@@ -1,0 +1,71 @@
+"""One process per run directory: an exclusive `flock` on `run_dir/.lock`, holding the owner's pid, host and start.
+
+The lock lives as long as the process (the kernel drops it on exit or SIGKILL, so a crashed run never leaves a
+stale lock behind). A second launch on the same run directory fails at once with a one-line error naming the owner.
+Under torchrun only rank 0 takes it (the ranks of one job share the directory by design).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import IO
+
+from trainlab.errors import UsageError
+
+LOCK_NAME = ".lock"
+
+
+class RunDirLock:
+    """Exclusive, non-blocking lock of a run directory; release() or process exit frees it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / LOCK_NAME
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise a UsageError naming the process that holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = _describe(handle.read())
+            handle.close()
+            raise UsageError(
+                f"run directory {self.path.parent} is in use by {owner}; wait for it to finish, stop it, or pass "
+                "another --run-dir"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}))
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        """Free the lock (idempotent)."""
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> RunDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _describe(text: str) -> str:
+    try:
+        owner = json.loads(text)
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(owner["started"])))
+        return f"pid {owner['pid']} on host {owner['host']} (started {started})"
+    except (ValueError, KeyError, TypeError):
+        return "another process"
