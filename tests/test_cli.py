@@ -171,3 +171,42 @@ def test_help_lists_literal_choices(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "precision", "--help"])
     assert "--modes {fp32,fp16,fp16-scale,bf16," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-workers", "-1"], "--num-workers must be >= 0"),
+        (["--seed", "-1"], "--seed must be in"),
+        (["--seed", str(2**64)], "--seed must be in"),
+        (["--precision", "fp16-scale", "--static-loss-scale", "0"], "--static-loss-scale must be positive"),
+        (["--eval-every-epochs", "0"], "--eval-every-epochs must be >= 1"),
+        (["--clip-grad-norm", "-1"], "--clip-grad-norm must be >= 0"),
+        (["--checkpoint-every", "-3"], "--checkpoint-every must be >= 0"),
+        (["--learning-rate", "-1"], "--learning-rate must be positive"),
+        (["--learning-rate", "nan"], "--learning-rate must be a finite number"),
+        (["--device", "mps"], "unknown --device 'mps'"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1"),
+    ],
+)
+def test_bad_engine_settings_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    assert main(["train", "toy", *flags, "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_checkpoint_with_missing_fields_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    assert main(["train", "toy", "--epochs", "1", "--run-dir", str(tmp_path / "a")]) == 0
+    state = torch.load(tmp_path / "a" / "ckpt" / "last.pt", weights_only=True)
+    del state["optimizers"]
+    torch.save(state, tmp_path / "broken.pt")
+    capsys.readouterr()
+    code = main(
+        ["train", "toy", "--epochs", "1", "--run-dir", str(tmp_path / "b"), "--resume", str(tmp_path / "broken.pt")]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "incomplete or damaged" in err[0], err
