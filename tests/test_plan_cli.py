@@ -1,0 +1,58 @@
+"""`trainlab plan`: JSON keys, GPU answers, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainlab.cli import main
+
+TOY = ["toy", "--num-samples", "64", "--batch-size", "32"]
+
+
+def test_json_has_the_byte_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes", "activations_bytes"):
+        assert isinstance(out[key], int) and out[key] > 0
+    assert out["peak_reserved_bytes"] == out["peak_allocated_bytes"]
+    hidden, features, classes = 32, 16, 4
+    assert out["parameters_bytes"] == 4 * (features * hidden + hidden + hidden * classes + classes)
+    assert out["optimizer_states_bytes"] == out["parameters_bytes"]  # SGD momentum: one buffer per parameter
+    assert "fits" not in out
+
+
+def test_gpu_answers_fit_and_largest_micro_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--device", "cuda", "--gpu", "RTX4090-24GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is True and out["max_micro_batch"] == 32
+    assert out["peak_reserved_bytes"] >= out["peak_allocated_bytes"]
+    assert out["total_bytes"] > out["peak_reserved_bytes"]  # context and workspaces
+
+
+def test_a_gpu_too_small_for_the_model_states(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--device", "cuda", "--gpu", "0.1GiB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is False and out["max_micro_batch"] == 0
+
+
+def test_table_names_the_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--gpu", "48GiB"]) == 0
+    text = capsys.readouterr().out
+    for row in ("optimizer states", "activations", "allocator reserved peak", "largest micro-batch", "hand formula"):
+        assert row in text
+
+
+def test_unknown_gpu_lists_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--gpu", "B200"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown GPU 'B200'" in err and "H100-80GB" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_flag_the_recipe_does_not_take_is_the_train_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "toy", "--depth", "16"]) == 2
+    train_err = capsys.readouterr().err
+    assert main(["plan", "toy", "--depth", "16"]) == 2
+    plan_err = capsys.readouterr().err
+    assert plan_err.replace("trainlab plan", "trainlab train") == train_err

@@ -1,0 +1,240 @@
+"""`trainlab plan RECIPE [train flags] [--device cuda|cpu] [--gpu NAME|GiB] [--gpus N] [--json]`: will it fit?
+
+Traces the recipe's real training step on fake tensors (no data, no real memory) and prints where the memory goes,
+the allocator's reserved peak, the total against the GPU, the largest micro-batch that fits, the accumulation that
+keeps the global batch, the GPUs the batch needs, levers, and the seed's hand estimate beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+
+from trainlab.config import parse
+from trainlab.errors import UsageError
+from trainlab.memory.gpus import GPU_PROFILES, gpu_profile
+from trainlab.memory.hand_formula import HandEstimate, hand_estimate
+from trainlab.memory.planner import Plan, PlanRequest, plan
+from trainlab.recipes import get_recipe, list_recipes
+
+USAGE = (
+    "usage: trainlab plan RECIPE [flags of trainlab train RECIPE] [--device cuda|cpu] [--gpu NAME|GiB] [--gpus N] "
+    "[--json]"
+)
+
+
+def _take(argv: list[str], flag: str, takes_value: bool) -> tuple[list[str], str | None]:
+    """Remove `flag` (and its value) from argv; returns the rest and the value ('' for a bare switch)."""
+    rest: list[str] = []
+    value: str | None = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == flag:
+            if takes_value:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{flag} needs a value")
+                value = argv[i + 1]
+                i += 2
+                continue
+            value = ""
+        elif takes_value and arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, value
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:,.2f} GiB"
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        print(f"recipes: {', '.join(list_recipes())}; GPUs: {', '.join(GPU_PROFILES)} or a size such as 48GiB")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    recipe_cls = get_recipe(name)
+    rest, gpu_spec = _take(rest, "--gpu", True)
+    rest, gpus_text = _take(rest, "--gpus", True)
+    rest, as_json = _take(rest, "--json", False)
+    try:
+        gpus = int(gpus_text) if gpus_text is not None else 1
+    except ValueError:
+        raise UsageError(f"--gpus takes a number of GPUs, got {gpus_text!r}") from None
+    config = parse(recipe_cls.config_class, rest, prog=f"trainlab plan {name}")
+    device_type = torch.device(config.device).type if config.device != "auto" else "cuda"
+    if device_type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {config.device!r}: plan for cuda or cpu")
+    gpu = gpu_profile(gpu_spec) if gpu_spec is not None else None
+    if gpu is not None and device_type != "cuda":
+        raise UsageError("--gpu plans for a CUDA device; drop --device cpu (or drop --gpu)")
+    recipe = recipe_cls(config)
+    result = plan(recipe, PlanRequest(device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=gpus))
+    hand = _hand(recipe, result)
+    if as_json is not None:
+        print(json.dumps(to_json(result, hand), indent=2))
+    else:
+        print(render(result, hand))
+    if gpu is not None and result.max_micro_batch == 0:
+        print(
+            "does not fit even at micro-batch 1: model states alone exceed the GPU; levers: bf16 weights, "
+            "more GPUs with sharded states (not in trainlab yet), a larger GPU",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _hand(recipe: Any, result: Plan) -> HandEstimate:
+    b = result.breakdown
+    cfg = recipe.config
+    example = recipe.example_batch(1)
+    elements = sum(t.numel() for t in example.values() if t.is_floating_point())
+    optimizer = b.optimizers[0] if b.optimizers else "adamw"
+    estimate = hand_estimate(
+        parameters=b.parameters,
+        sixteen_bit=cfg.precision != "fp32",
+        optimizer=optimizer,
+        batch_size=b.micro_batch,
+        input_elements=elements,
+        depth=getattr(cfg, "depth", None) if recipe.name == "var" else None,
+    )
+    errors = []
+    if estimate.parameters != b.parameters:
+        errors.append(
+            f"parameter count: N(d) = 73728 d^2 gives {estimate.parameters / 1e6:,.1f} M; the model has "
+            f"{b.parameters / 1e6:,.1f} M (18 d w^2 with w = 64 d is 73728 d^3, plus embeddings and head)"
+        )
+    if cfg.precision.endswith(("-amp", "-amp-scale")) and cfg.precision != "fp32":
+        errors.append("AMP keeps fp32 weights and gradients (4 B/parameter each), not 2 B; autocast adds 16-bit copies")
+    if b.optimizer_states_bytes:
+        per = b.optimizer_states_bytes / max(b.parameters, 1)
+        errors.append(f"{optimizer} states: {per:.1f} B/parameter traced (the seed counts AdamW as 2)")
+    ratio = b.activations_bytes / max(b.parameters_bytes, 1)
+    errors.append(f"activations: {ratio:.1f} x the parameter memory at micro-batch {b.micro_batch} (the seed: 1-3 x)")
+    if b.micro_batch != 0:
+        errors.append("framework overhead and fragmentation are flat guesses; the plan replays the caching allocator")
+    estimate.errors = errors
+    return estimate
+
+
+def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
+    b = result.breakdown
+    out: dict[str, Any] = {
+        "recipe": result.recipe,
+        "device": b.device,
+        "precision": result.precision,
+        "global_batch": result.global_batch,
+        "gpus": result.gpus,
+        "micro_batch": b.micro_batch,
+        "grad_accumulation": b.grad_accumulation,
+        "parameters": b.parameters,
+        "parameters_bytes": b.parameters_bytes,
+        "gradients_bytes": b.gradients_bytes,
+        "optimizer_states_bytes": b.optimizer_states_bytes,
+        "activations_bytes": b.activations_bytes,
+        "frozen_bytes": b.frozen_bytes,
+        "peak_allocated_bytes": b.peak_allocated_bytes,
+        "peak_reserved_bytes": b.peak_reserved_bytes,
+        "at_peak_bytes": b.at_peak,
+        "overhead_bytes": result.overheads.total,
+        "total_bytes": result.total_bytes,
+        "hand_estimate_bytes": [hand.low_bytes, hand.high_bytes],
+    }
+    if result.gpu is not None:
+        out.update(
+            gpu=result.gpu.name,
+            gpu_bytes=result.gpu.total_bytes,
+            fits=bool(result.fits),
+            margin_bytes=result.margin_bytes,
+            max_micro_batch=int(result.max_micro_batch or 0),
+            suggested_grad_accumulation=result.suggested_grad_accumulation,
+            gpus_needed=result.gpus_needed,
+            levers=[
+                {"name": lv.name, "description": lv.description, "total_bytes": lv.total_bytes} for lv in result.levers
+            ],
+        )
+    return out
+
+
+def render(result: Plan, hand: HandEstimate) -> str:
+    b = result.breakdown
+    p = b.at_peak
+    cuda = b.device == "cuda"
+    lines = [
+        f"trainlab plan {result.recipe}: {b.parameters / 1e6:,.2f} M parameters, {result.precision}, global batch "
+        f"{result.global_batch} = {result.gpus} GPU(s) x {b.grad_accumulation} accumulation x micro-batch "
+        f"{b.micro_batch} ({'CUDA' if cuda else 'this CPU'}; traced on fake tensors)",
+        "",
+        f"{'at the peak of live tensors':<40}{'bytes':>16}",
+    ]
+    rows = [
+        ("parameters", p["parameter"]),
+        ("buffers", p["buffer"]),
+        ("gradients", p["gradient"]),
+        ("optimizer states", p["optimizer_state"]),
+        ("frozen models", p["frozen"]),
+        ("momentum / EMA copies, loss scale", p["recipe_state"]),
+        ("activations (saved for backward)", p["activations"]),
+        ("batch", p["batch"]),
+        ("temporaries", p["temporaries"]),
+        ("autocast weight copies", p["autocast_copies"]),
+    ]
+    lines += [f"  {label:<38}{_gib(value):>16}" for label, value in rows]
+    lines.append(
+        f"{'peak of live tensors' + (' (512 B blocks)' if cuda else ''):<40}{_gib(b.peak_allocated_bytes):>16}"
+    )
+    lines.append(f"  {'activation peak (end of forward)':<38}{_gib(b.activations_bytes):>16}")
+    if cuda:
+        lines.append(f"{'allocator reserved peak':<40}{_gib(b.peak_reserved_bytes):>16}  ({b.segments} segments)")
+        o = result.overheads
+        if result.gpu is not None:
+            lines.append(f"  {'CUDA context (estimate)':<38}{_gib(o.context_bytes):>16}")
+            lines.append(f"  {'cuBLAS workspaces (estimate)':<38}{_gib(o.cublas_workspace_bytes):>16}")
+            if o.cudnn_workspace_bytes:
+                lines.append(f"  {'cuDNN workspace (estimate)':<38}{_gib(o.cudnn_workspace_bytes):>16}")
+            if o.nccl_bytes:
+                lines.append(f"  {'NCCL buffers (estimate)':<38}{_gib(o.nccl_bytes):>16}")
+                lines.append(f"  {'DDP gradient buckets':<38}{_gib(o.ddp_buckets_bytes):>16}")
+        else:
+            lines.append("  (context and workspaces: pass --gpu NAME|GiB)")
+    lines.append(f"{'total':<40}{_gib(result.total_bytes):>16}")
+    if result.gpu is not None:
+        verdict = "FITS" if result.fits else "DOES NOT FIT"
+        lines.append(
+            f"{result.gpu.name} ({_gib(result.gpu.total_bytes)}): {verdict}, margin {_gib(result.margin_bytes)}"
+            f"{'' if result.gpu.measured else ' (GPU constants are estimates, not measured)'}"
+        )
+        lines.append("")
+        if result.max_micro_batch:
+            lines.append(
+                f"largest micro-batch that fits: {result.max_micro_batch} "
+                f"(total {_gib(result.max_micro_batch_total_bytes)})"
+            )
+            lines.append(
+                f"keep the global batch {result.global_batch}: --grad-accumulation {result.suggested_grad_accumulation}"
+                f" on {result.gpus} GPU(s)"
+            )
+            if result.gpus_needed:
+                lines.append(f"GPUs the global batch needs without accumulation: {result.gpus_needed}")
+        else:
+            lines.append("even micro-batch 1 does not fit: the model states alone exceed this GPU")
+        if result.levers:
+            lines.append("levers:")
+            for lever in result.levers:
+                predicted = "" if lever.total_bytes is None else f" -> {_gib(lever.total_bytes)}"
+                ok = "" if lever.fits is None else (" fits" if lever.fits else " does not fit")
+                lines.append(f"  {lever.name}: {lever.description}{predicted}{ok}")
+    lines.append("")
+    lines.append(
+        f"the seed's hand formula for this run: {_gib(hand.low_bytes)} - {_gib(hand.high_bytes)} "
+        f"(N = {hand.parameters / 1e6:,.1f} M); traced: {_gib(result.total_bytes)}. Where it is wrong:"
+    )
+    lines += [f"  - {e}" for e in hand.errors]
+    lines.append(f"({result.traces} traced configuration(s))")
+    return "\n".join(lines)

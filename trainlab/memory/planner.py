@@ -1,0 +1,234 @@
+"""The planner: trace the configured run, add what lives outside the allocator, and answer the planning questions.
+
+`plan(recipe, PlanRequest(...))` returns a `Plan`: the breakdown of the configured micro-batch, the total against the
+GPU, the largest micro-batch that fits (a search over traced micro-batches), the `--grad-accumulation` that keeps
+the global batch, the GPUs the global batch needs, and levers with their predicted totals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainlab.engine.data import micro_batch_size
+from trainlab.engine.recipe import Recipe
+from trainlab.errors import UsageError
+from trainlab.memory.breakdown import Breakdown, breakdown
+from trainlab.memory.gpus import GpuProfile
+from trainlab.memory.trace import PlanDevice, trace_training
+
+log = logging.getLogger(__name__)
+
+SAFETY_MARGIN = 0.0  # a plan "fits" when the predicted total is at most the GPU's memory; the margin is printed
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    device: PlanDevice
+    gpu: GpuProfile | None = None
+    gpus: int = 1
+    search: bool = True  # search the largest micro-batch and levers (needs --gpu)
+
+
+@dataclass
+class Overheads:
+    """Memory outside the traced tensors (CUDA only), all estimates until measured on the GPU."""
+
+    context_bytes: int = 0
+    cublas_workspace_bytes: int = 0
+    cudnn_workspace_bytes: int = 0
+    nccl_bytes: int = 0
+    ddp_buckets_bytes: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(dataclasses.astuple(self))
+
+
+@dataclass
+class Lever:
+    name: str
+    description: str
+    total_bytes: int | None  # None: could not be predicted (the reason is in `description`)
+    fits: bool | None
+
+
+@dataclass
+class Plan:
+    recipe: str
+    precision: str
+    global_batch: int
+    gpus: int
+    breakdown: Breakdown
+    overheads: Overheads
+    total_bytes: int
+    gpu: GpuProfile | None
+    fits: bool | None = None
+    margin_bytes: int | None = None
+    max_micro_batch: int | None = None
+    max_micro_batch_total_bytes: int | None = None
+    suggested_grad_accumulation: int | None = None
+    gpus_needed: int | None = None
+    levers: list[Lever] = field(default_factory=list)
+    traces: int = 1
+
+
+def overheads(device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_bytes: int, has_conv: bool) -> Overheads:
+    if device != "cuda" or gpu is None:
+        return Overheads()
+    return Overheads(
+        context_bytes=gpu.context_bytes,
+        cublas_workspace_bytes=gpu.cublas_workspace_bytes,
+        cudnn_workspace_bytes=gpu.cudnn_workspace_bytes if has_conv else 0,
+        nccl_bytes=gpu.nccl_bytes if gpus > 1 else 0,
+        # DDP's gradient buckets: one more gradient-sized copy (gradient_as_bucket_view is off in the engine)
+        ddp_buckets_bytes=gradients_bytes if gpus > 1 else 0,
+    )
+
+
+class _Tracer:
+    """Traces (and caches) breakdowns of the recipe at a micro-batch, accumulation and precision."""
+
+    def __init__(self, recipe: Recipe[Any], device: PlanDevice) -> None:
+        self.recipe, self.device = recipe, device
+        self.cache: dict[tuple[int, int, str], Breakdown] = {}
+
+    def __call__(self, micro_batch: int, accumulation: int, precision: str | None = None) -> Breakdown:
+        precision = precision or self.recipe.config.precision
+        key = (micro_batch, accumulation, precision)
+        if key not in self.cache:
+            recipe = self.recipe
+            if precision != recipe.config.precision:
+                recipe = type(recipe)(dataclasses.replace(recipe.config, precision=precision))
+            run = trace_training(recipe, device=self.device, micro_batch=micro_batch, grad_accumulation=accumulation)
+            self.cache[key] = breakdown(run)
+            log.info("traced micro-batch %d x %d (%s)", micro_batch, accumulation, precision)
+        return self.cache[key]
+
+
+def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
+    """Trace the configured run and answer the planning questions (see the module docstring)."""
+    cfg = recipe.config
+    if request.gpus < 1:
+        raise UsageError(f"--gpus must be >= 1, got {request.gpus}")
+    micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, request.gpus)
+    tracer = _Tracer(recipe, request.device)
+
+    def total(b: Breakdown, gpus: int = request.gpus) -> int:
+        extra = overheads(request.device, request.gpu, gpus, b.gradients_bytes, b.uses_convolution)
+        return b.peak_reserved_bytes + extra.total
+
+    main = tracer(micro, cfg.grad_accumulation)
+    result = Plan(
+        recipe=recipe.name,
+        precision=cfg.precision,
+        global_batch=cfg.batch_size,
+        gpus=request.gpus,
+        breakdown=main,
+        overheads=overheads(request.device, request.gpu, request.gpus, main.gradients_bytes, main.uses_convolution),
+        total_bytes=total(main),
+        gpu=request.gpu,
+    )
+    if request.gpu is None:
+        return result
+    capacity = request.gpu.total_bytes
+    result.fits = result.total_bytes <= capacity
+    result.margin_bytes = capacity - result.total_bytes
+    if not request.search:
+        return result
+    per_gpu_batch = cfg.batch_size // request.gpus
+
+    def fits_at(m: int) -> bool:
+        # below the per-GPU batch the run accumulates: from the 2nd micro-batch on, gradients live beside the
+        # activations (and fragment the segments), and micro-batches 3.. repeat the 2nd
+        return total(tracer(m, 1 if m == per_gpu_batch else 2)) <= capacity
+
+    result.max_micro_batch = _largest_fitting(fits_at, per_gpu_batch, known=(micro if result.fits else None))
+    if result.max_micro_batch:
+        m = result.max_micro_batch
+        result.max_micro_batch_total_bytes = total(tracer(m, 1 if m == per_gpu_batch else 2))
+        result.suggested_grad_accumulation = next(
+            k
+            for k in range(1, per_gpu_batch + 1)
+            if per_gpu_batch % k == 0 and per_gpu_batch // k <= result.max_micro_batch
+        )
+        result.gpus_needed = next(
+            (
+                n
+                for n in range(1, cfg.batch_size + 1)
+                if cfg.batch_size % n == 0 and cfg.batch_size // n <= result.max_micro_batch
+            ),
+            None,
+        )
+    result.levers = _levers(recipe, request, tracer, total, result, micro)
+    result.traces = len(tracer.cache)
+    return result
+
+
+def _largest_fitting(fits: Callable[[int], bool], upper: int, known: int | None) -> int:
+    """The largest m in [1, upper] with fits(m) (fits is monotone in m); 0 when even m = 1 does not fit."""
+    low = known or 0  # fits
+    if low == upper:
+        return upper
+    if low == 0 and not fits(1):
+        return 0
+    low = max(low, 1)
+    high = upper + 1  # does not fit (or beyond the batch)
+    if fits(upper):
+        return upper
+    high = upper
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _levers(
+    recipe: Recipe[Any],
+    request: PlanRequest,
+    tracer: _Tracer,
+    total: Callable[..., int],
+    result: Plan,
+    micro: int,
+) -> list[Lever]:
+    assert request.gpu is not None
+    capacity = request.gpu.total_bytes
+    cfg = recipe.config
+    levers: list[Lever] = []
+    if cfg.precision == "fp32":
+        try:
+            b = tracer(micro, cfg.grad_accumulation, "bf16-amp")
+            t = total(b)
+            levers.append(Lever("bf16", "--precision bf16-amp (fp32 weights, bf16 autocast)", t, t <= capacity))
+        except UsageError as err:
+            levers.append(Lever("bf16", f"--precision bf16-amp is refused by the recipe: {err}", None, None))
+    levers.append(
+        Lever(
+            "activation checkpointing",
+            "not predicted: the engine has no --activation-checkpointing option yet",
+            None,
+            None,
+        )
+    )
+    if result.max_micro_batch and result.suggested_grad_accumulation and result.suggested_grad_accumulation > 1:
+        k = result.suggested_grad_accumulation
+        m = cfg.batch_size // request.gpus // k
+        t = total(tracer(m, k))
+        levers.append(
+            Lever(
+                "smaller micro-batch", f"--grad-accumulation {k} (micro-batch {m}, same global batch)", t, t <= capacity
+            )
+        )
+    if result.gpus_needed and result.gpus_needed > request.gpus:
+        n = result.gpus_needed
+        t = total(tracer(cfg.batch_size // n, 1), n)
+        levers.append(
+            Lever("more GPUs", f"--gpus {n} (micro-batch {cfg.batch_size // n}, no accumulation)", t, t <= capacity)
+        )
+    return levers

@@ -1,0 +1,258 @@
+"""Trace a recipe's real training step on fake tensors: the engine's own `StepRunner`, no data, no real memory.
+
+The set-up mirrors `engine.loop.Trainer` (seed, `recipe.build`, precision cast, frozen models in eval mode, one
+`LossScaler` and `Scheduler` per phase) and then runs `StepRunner.run` itself, so forward, loss, backward,
+unscale, clip, optimizer step, scaler update and the recipe's `after_optimizer_step` are the training code, not a
+model of it. Batches come from `recipe.example_batch(micro_batch)`.
+
+Traced optimizer steps: the first (it creates the optimizer states) and the last two of a long run, so phases
+that start late (a GAN's discriminator) and progressive schedules are at their largest; the steady-state window
+is everything after the first traced step.
+
+For `device="cuda"` the step is still traced on fake CPU tensors: autograd on fake CUDA tensors needs a real CUDA
+context (reference B.3), and fake parameters cannot be moved between devices. What differs on CUDA is substituted:
+512-byte block rounding and the allocator's segments (`memory.allocator`), foreach optimizer temporaries
+(optimizers left on their default implementation switch to foreach, as torch does on CUDA; a recipe that picks
+fused AdamW on CUDA is traced as foreach, which over-counts its temporaries). CPU autocast's cast policy stands in
+for CUDA's (see `memory/__init__.py` for what that misses).
+"""
+
+# Shape legend: B micro-batch.
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from trainlab.engine.precision import LossScaler, Precision
+from trainlab.engine.recipe import Batch, Recipe, StepInfo
+from trainlab.engine.schedule import Scheduler
+from trainlab.engine.seeding import seed_everything
+from trainlab.engine.step import StepRunner
+from trainlab.memory.tracer import Region, StorageTracer, Trace, tracing
+
+log = logging.getLogger(__name__)
+
+PlanDevice = Literal["cpu", "cuda"]
+
+PLANNED_TOTAL_STEPS = 1_000_000  # no dataset is read, so the run length is unknown: plan the end of a long run
+PLANNED_STEPS_PER_EPOCH = 1_000
+
+
+@dataclass
+class TracedRun:
+    """A trace plus the static facts a breakdown needs."""
+
+    trace: Trace
+    device: PlanDevice
+    micro_batch: int
+    grad_accumulation: int
+    parameters_bytes: int
+    trainable_parameters: int
+    parameters: int
+    frozen_bytes: int
+    uses_convolution: bool
+    optimizers: list[str]
+
+
+class _RegionRecipe(Recipe[Any]):
+    """Delegates to the real recipe and tells the tracer which part of the step is running."""
+
+    def __init__(self, inner: Recipe[Any], tracer: StorageTracer) -> None:  # no super().__init__: a pure proxy
+        self.inner, self.tracer = inner, tracer
+        self.config = inner.config
+        self.name = inner.name
+
+    def build(self, device: torch.device) -> Any:
+        raise NotImplementedError("the proxy only runs steps")
+
+    def build_data(self, parts: Any, device: torch.device) -> Any:
+        raise NotImplementedError("the proxy only runs steps")
+
+    def example_batch(self, batch_size: int) -> Batch:
+        return self.inner.example_batch(batch_size)
+
+    def debug_config(self) -> Any:
+        return self.inner.debug_config()
+
+    def phase_active(self, phase: str, step: int) -> bool:
+        return self.inner.phase_active(phase, step)
+
+    def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        self.tracer.region = "forward"
+        out = self.inner.train_step(models, batch, phase, info)
+        self.tracer.region = "backward"
+        return out
+
+    def after_optimizer_step(self, models: Mapping[str, nn.Module], phase: str, info: StepInfo) -> dict[str, float]:
+        self.tracer.region = "after_step"
+        return self.inner.after_optimizer_step(models, phase, info)
+
+
+def traced_step_indices(total_steps: int) -> list[int]:
+    """The first optimizer step, then the last two (or every step of a run shorter than three)."""
+    if total_steps <= 3:
+        return list(range(max(total_steps, 2)))
+    return [0, total_steps - 2, total_steps - 1]
+
+
+def _batches(recipe: Recipe[Any], tracer: StorageTracer, micro_batch: int) -> Iterator[Batch]:
+    while True:
+        previous: Region = tracer.region
+        tracer.region = "batch"
+        batch = recipe.example_batch(micro_batch)
+        tracer.region = previous
+        yield batch
+
+
+def _use_foreach(optimizer: torch.optim.Optimizer) -> None:
+    """torch's CUDA default: the foreach implementation where the recipe chose neither fused nor foreach."""
+    for group in optimizer.param_groups:
+        if "foreach" in group and group.get("foreach") is None and not group.get("fused"):
+            group["foreach"] = True
+
+
+def trace_training(
+    recipe: Recipe[Any],
+    *,
+    device: PlanDevice,
+    micro_batch: int,
+    grad_accumulation: int,
+    total_steps: int | None = None,
+) -> TracedRun:
+    """Run the recipe's training step on fake tensors and record every storage allocation and free.
+
+    Args:
+        recipe: a recipe with its config (the config's precision, clipping and loss scale apply).
+        device: "cpu" (the run as it executes on this CPU) or "cuda" (see the module docstring).
+        micro_batch: samples per micro-batch on one process.
+        grad_accumulation: micro-batches per optimizer step.
+        total_steps: optimizer steps of the run (default: a long run; see `traced_step_indices`).
+
+    Returns:
+        The trace, with parameters, gradients, optimizer states and frozen models labelled.
+    """
+    cfg = recipe.config
+    precision = Precision.parse(cfg.precision)
+    total = total_steps or (cfg.max_steps if cfg.max_steps > 0 else PLANNED_TOTAL_STEPS)
+    tracer = StorageTracer()
+    cpu = torch.device("cpu")
+    with tracing(tracer), torch.random.fork_rng(devices=[]):
+        seed_everything(cfg.seed)
+        parts = recipe.build(cpu)
+        for model in parts.models.values():
+            _prepare_in_place(model, precision, cfg.keep_batchnorm_fp32)
+            model.train()
+        for model in parts.frozen.values():
+            _prepare_in_place(model, None, False)
+            model.eval().requires_grad_(False)
+        if device == "cuda":
+            for phase in parts.phases:
+                _use_foreach(phase.optimizer)
+        _label_model_states(tracer, parts.models, parts.frozen)
+        scalers = {p.name: LossScaler(precision, "cpu", cfg.static_loss_scale) for p in parts.phases}
+        schedulers = {p.name: Scheduler(p.optimizer, cfg.schedule, total) for p in parts.phases}
+        for phase in parts.phases:
+            _hook_optimizer(tracer, phase.optimizer)
+        runner = StepRunner(
+            recipe=_RegionRecipe(recipe, tracer),
+            phases=parts.phases,
+            models=parts.models,
+            wrapped=dict(parts.models),
+            frozen=parts.frozen,
+            scalers=scalers,
+            schedulers=schedulers,
+            precision=precision,
+            device=cpu,
+            clip_grad_norm=cfg.clip_grad_norm,
+        )
+        batches = _batches(recipe, tracer, micro_batch)
+        for position, step in enumerate(traced_step_indices(total)):
+            tracer.step = position
+            tracer.region = "batch"
+            tracer.mark_step_start()
+            info = StepInfo(
+                step=step,
+                total_steps=total,
+                steps_per_epoch=PLANNED_STEPS_PER_EPOCH,
+                epoch=step // PLANNED_STEPS_PER_EPOCH,
+                log_now=True,
+                num_micro_steps=grad_accumulation,
+            )
+            runner.run(batches, info)
+        tracer.mark_end()
+        tracer.region = "after_step"
+        trained = [p for m in parts.models.values() for p in m.parameters()]
+        frozen_bytes = sum(_state_bytes(m) for m in parts.frozen.values())
+        run = TracedRun(
+            trace=tracer.trace,
+            device=device,
+            micro_batch=micro_batch,
+            grad_accumulation=grad_accumulation,
+            parameters_bytes=sum(p.numel() * p.element_size() for p in trained),
+            trainable_parameters=sum(p.numel() for p in trained if p.requires_grad),
+            parameters=sum(p.numel() for p in trained),
+            frozen_bytes=frozen_bytes,
+            uses_convolution=tracer.uses_convolution,
+            optimizers=[type(p.optimizer).__name__.lower() for p in parts.phases],
+        )
+        del runner, parts, batches, scalers, schedulers
+    run.trace.events = run.trace.events[: run.trace.end]
+    return run
+
+
+def _prepare_in_place(model: nn.Module, precision: Precision | None, keep_batchnorm_fp32: bool) -> None:
+    """`Precision.prepare_model` and `.to(cpu)` by assigning `.data`: fake parameters cannot be swapped by
+    `Module.to` while the optimizer holds them (the real Trainer's `.to` keeps the same Parameter objects too)."""
+    dtype = precision.param_dtype if precision is not None and precision.is_pure_low_precision else None
+    for module in model.modules():
+        keep = keep_batchnorm_fp32 and isinstance(module, nn.modules.batchnorm._BatchNorm)
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            target = dtype if (dtype is not None and tensor.is_floating_point() and not keep) else tensor.dtype
+            if tensor.device.type != "cpu" or tensor.dtype != target:
+                with torch.no_grad():
+                    tensor.data = tensor.data.to("cpu", target)
+
+
+def _state_bytes(model: nn.Module) -> int:
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _label_model_states(
+    tracer: StorageTracer, models: Mapping[str, nn.Module], frozen: Mapping[str, nn.Module]
+) -> None:
+    for model in models.values():
+        for p in model.parameters():
+            tracer.label(p, "parameter")
+        for b in model.buffers():
+            tracer.label(b, "buffer")
+    for model in frozen.values():
+        for t in [*model.parameters(), *model.buffers()]:
+            tracer.label(t, "frozen")
+
+
+def _hook_optimizer(tracer: StorageTracer, optimizer: torch.optim.Optimizer) -> None:
+    """Label gradients when the optimizer starts its step and its states when it ends."""
+
+    def before(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    tracer.label(p.grad, "gradient")
+        tracer.region = "optimizer"
+
+    def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    tracer.label(value, "optimizer_state")
+        tracer.region = "after_step"
+
+    optimizer.register_step_pre_hook(before)
+    optimizer.register_step_post_hook(after)
