@@ -52,6 +52,10 @@ CASES: dict[str, Callable[[Path], TrainConfig]] = {
     "tokenizer_ema": lambda d: _debug("tokenizer", {}, d, epochs=8, codebook_mode="ema"),
     "var": lambda d: _debug("var", {}, d, epochs=12),
     "var_progressive": lambda d: _debug("var", {}, d, epochs=12, progressive_until=0.5, label_smoothing=0.1),
+    "moco_resnet_debug": lambda d: _debug("moco", {}, d, epochs=6),
+    "moco_vit_debug": lambda d: _debug(
+        "moco", {"arch": "vit_small", "optimizer": "adamw", "stop_grad_conv1": True}, d, epochs=6
+    ),
 }
 
 

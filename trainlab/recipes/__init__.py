@@ -12,6 +12,8 @@ _RECIPES = {
     "cifar": "trainlab.recipes.cifar:CifarRecipe",
     "var": "trainlab.recipes.var:VARRecipe",
     "tokenizer": "trainlab.recipes.tokenizer:TokenizerRecipe",
+    "moco": "trainlab.recipes.moco:MocoRecipe",
+    "linear-probe": "trainlab.recipes.linear_probe:LinearProbeRecipe",
 }
 
 

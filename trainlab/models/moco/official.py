@@ -1,0 +1,166 @@
+"""Official MoCo v3 checkpoints in and out.
+
+`load_official` reads what facebookresearch/moco-v3 main_moco.py saves, `{"epoch", "arch", "state_dict",
+"optimizer", "scaler"}` with the DDP-wrapped model's keys (`module.base_encoder.conv1.weight`, ...), and trainlab's
+own MoCo checkpoints (`ckpt/last.pt` of `trainlab train moco`); `export_official` writes the official key names
+back (no `module.` prefix), for main_moco.py `--resume` (after re-adding the prefix) and main_lincls.py
+`--pretrained`. The architecture is inferred from the keys and shapes; the temperature is not stored by the
+official code and is an argument.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainlab.errors import UsageError
+from trainlab.models.moco.builder import MoCo, MocoArch
+from trainlab.models.moco.resnet import _DEBUG_WIDTHS
+from trainlab.models.moco.vit import VIT_SIZES
+
+_PREFIX = "module."
+
+
+def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if state and all(key.startswith(_PREFIX) for key in state):
+        return {key[len(_PREFIX) :]: value for key, value in state.items()}
+    return state
+
+
+def _count_blocks(state: dict[str, torch.Tensor], pattern: str) -> int:
+    found = {int(m.group(1)) for key in state if (m := re.match(pattern, key))}
+    return max(found) + 1 if found else 0
+
+
+def infer_arch(state: dict[str, torch.Tensor], where: str = "checkpoint") -> dict[str, Any]:
+    """The `MoCo` constructor arguments (except temperature) that produce `state`'s keys and shapes.
+
+    Raises:
+        UsageError: the keys are not those of a MoCo v3 model of a known architecture (names what was found).
+    """
+    if not any(key.startswith("base_encoder.") for key in state):
+        if any(key.startswith(("fc.", "head.")) for key in state) and ("conv1.weight" in state or "cls_token" in state):
+            raise UsageError(
+                f"{where} is a linear-classification checkpoint (main_lincls.py format: a backbone with a trained "
+                "fc/head classifier), not a MoCo v3 pretraining checkpoint; pass the pretraining checkpoint "
+                "(main_moco.py's checkpoint_*.pth.tar or trainlab's ckpt/last.pt)"
+            )
+        sample = ", ".join(sorted(state)[:4])
+        raise UsageError(f"{where} holds no MoCo v3 model (no base_encoder.* keys; first keys: {sample})")
+    pred_in = state["predictor.0.weight"]
+    mlp_dim, dim = int(pred_in.shape[0]), int(pred_in.shape[1])
+    predictor_last_bn = "predictor.4.running_mean" in state
+    if "base_encoder.cls_token" in state:
+        embed_dim = int(state["base_encoder.cls_token"].shape[-1])
+        depth = _count_blocks(state, r"base_encoder\.blocks\.(\d+)\.")
+        conv_stem = "base_encoder.patch_embed.proj.0.weight" in state
+        num_tokens = int(state["base_encoder.pos_embed"].shape[1]) - 1
+        patch = 16 if conv_stem else int(state["base_encoder.patch_embed.proj.weight"].shape[-1])
+        for arch, size in VIT_SIZES.items():
+            if (size.embed_dim, size.depth, size.conv_stem, size.patch_size) == (embed_dim, depth, conv_stem, patch):
+                side = round(num_tokens**0.5)
+                return {"arch": arch, "dim": dim, "mlp_dim": mlp_dim, "image_size": side * patch}
+        raise UsageError(
+            f"{where}: unknown ViT (embedding width {embed_dim}, {depth} blocks, patch {patch}, "
+            f"conv stem {conv_stem}); known: {', '.join(VIT_SIZES)}"
+        )
+    if "base_encoder.conv1.weight" not in state:
+        raise UsageError(f"{where}: base encoder is neither a ResNet nor a ViT (first key {sorted(state)[0]})")
+    conv1 = state["base_encoder.conv1.weight"]
+    stages = [_count_blocks(state, rf"base_encoder\.layer{i}\.(\d+)\.") for i in range(1, 5)]
+    bottleneck = "base_encoder.layer1.0.conv3.weight" in state
+    found = f"ResNet with {conv1.shape[-1]}x{conv1.shape[-1]} stem of width {conv1.shape[0]}, stages {stages}"
+    found += ", bottleneck blocks" if bottleneck else ", basic blocks"
+    resnet_arch: MocoArch
+    if bottleneck and stages == [3, 4, 6, 3] and conv1.shape[-1] == 7:
+        resnet_arch = "resnet50"
+    elif not bottleneck and stages == [2, 2, 2, 2] and conv1.shape[-1] == 3 and conv1.shape[0] == 64:
+        resnet_arch = "resnet18_cifar"
+    elif not bottleneck and stages == [1, 1, 1, 1] and conv1.shape[-1] == 3 and conv1.shape[0] == _DEBUG_WIDTHS[0]:
+        resnet_arch = "resnet_debug"
+    else:
+        raise UsageError(f"{where}: unknown architecture ({found}); known: resnet50, resnet18_cifar, resnet_debug")
+    if predictor_last_bn:
+        raise UsageError(f"{where}: a {resnet_arch} with a last-BN predictor is not MoCo v3's ResNet layout")
+    return {"arch": resnet_arch, "dim": dim, "mlp_dim": mlp_dim}
+
+
+def read_moco_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The MoCo state_dict (official key names) of an official or trainlab checkpoint, and what else it says
+    (`arch`, `epoch`, and for trainlab runs `config`).
+
+    Raises:
+        UsageError: missing or unreadable file, or a checkpoint that holds no MoCo model.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"checkpoint {path} not found")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise UsageError(f"cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
+    if not isinstance(ckpt, dict):
+        raise UsageError(f"{path} is not a checkpoint (a {type(ckpt).__name__}, expected a dict)")
+    extra: dict[str, Any] = {}
+    if ckpt.get("format") == "trainlab-checkpoint":
+        if "moco" not in ckpt.get("models", {}):
+            raise UsageError(f"{path} is a trainlab checkpoint of recipe {ckpt.get('recipe')!r}, not of 'moco'")
+        state = ckpt["models"]["moco"]
+        extra = {"config": ckpt.get("config", {}), "epoch": ckpt.get("epoch"), "arch": ckpt["config"].get("arch")}
+    elif "state_dict" in ckpt:
+        if "best_acc1" in ckpt:
+            raise UsageError(
+                f"{path} is a linear-classification checkpoint (main_lincls.py format, best_acc1="
+                f"{float(ckpt['best_acc1']):.2f}), not a MoCo v3 pretraining checkpoint; pass the pretraining "
+                "checkpoint (main_moco.py's checkpoint_*.pth.tar or trainlab's ckpt/last.pt)"
+            )
+        state = ckpt["state_dict"]
+        extra = {"arch": ckpt.get("arch"), "epoch": ckpt.get("epoch")}
+    else:
+        state = ckpt  # a bare state_dict, e.g. from export_official
+    if not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UsageError(f"{path}: its state_dict holds values that are not tensors")
+    return _strip_prefix(state), extra
+
+
+def load_official(path: str | Path, *, temperature: float) -> MoCo:
+    """A `MoCo` model with the weights of an official main_moco.py checkpoint (or a trainlab MoCo checkpoint).
+
+    `model(x1, x2, m)` then returns the official `forward(x1, x2, m)` loss in one process.
+
+    Args:
+        path: the checkpoint (loaded with `weights_only=True`).
+        temperature: the run's `--moco-t` (not stored by the official code; 1.0 for ResNet, 0.2 for ViT).
+
+    Raises:
+        UsageError: unreadable file, a linear-probe checkpoint, or an unknown architecture.
+    """
+    state, _ = read_moco_state(path)
+    kwargs = infer_arch(state, where=str(path))
+    model = MoCo(temperature=temperature, **kwargs)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise UsageError(
+            f"{path}: keys do not match a {kwargs['arch']} MoCo model (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]})"
+        )
+    return model
+
+
+def export_official(model: MoCo) -> dict[str, torch.Tensor]:
+    """The state_dict with the official key names (`base_encoder.*`, `momentum_encoder.*`, `predictor.*`, no
+    `module.` prefix); wrap it as {"state_dict": {"module." + k: v}, "arch": ...} for main_moco.py `--resume`."""
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
+def official_checkpoint(model: MoCo, *, epoch: int) -> dict[str, Any]:
+    """What main_moco.py saves (without optimizer / scaler state): `epoch`, `arch`, `state_dict` with `module.`."""
+    arch = {"resnet18_cifar": "resnet18", "resnet_debug": "resnet18"}.get(model.arch, model.arch)
+    return {
+        "epoch": epoch,
+        "arch": arch,
+        "state_dict": {_PREFIX + k: v for k, v in export_official(model).items()},
+    }

@@ -1,0 +1,153 @@
+"""Linear probe of a MoCo v3 backbone, the official protocol (facebookresearch/moco-v3 main_lincls.py).
+
+The backbone (base encoder without its projector) is frozen in eval mode (its BatchNorm statistics never change: a
+frozen model of the engine); a linear classifier, init N(0, 0.01) and bias 0, is trained with SGD (momentum 0.9,
+weight decay 0), lr = base (ResNet 0.1, ViT 3) x batch / 256, cosine. After the first epoch a check asserts that no
+backbone weight changed. The final-epoch accuracy is the result; the best epoch only a labelled extra (choosing it
+uses the test set). Augmentation: none (in-memory digits / CIFAR-10 at the pretraining size), a deviation from the
+official RandomResizedCrop + flip at 224 px. Shape legend: B batch, F feature width, K classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainlab.config import option
+from trainlab.data.tensors import NamedTensorDataset
+from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.engine.schedule import ScheduleConfig
+from trainlab.errors import UsageError
+from trainlab.models.moco import MoCo, MocoArch, infer_arch, read_moco_state
+from trainlab.recipes.moco import EvalImages, SslData, load_eval_images
+
+
+class Backbone(nn.Module):
+    """The base encoder of a MoCo model as a feature extractor (its projector is not used)."""
+
+    def __init__(self, moco: MoCo) -> None:
+        super().__init__()
+        self.encoder = moco.base_encoder
+        self._moco_features = moco.features
+
+    def forward(self, x_BCHW: torch.Tensor) -> torch.Tensor:
+        return self._moco_features(x_BCHW)
+
+
+def load_backbone(checkpoint: str, arch: MocoArch, image_size: int) -> tuple[MoCo, str]:
+    """The MoCo model of `checkpoint` (official or trainlab), or a random-init `arch` when `checkpoint` is ''."""
+    if not checkpoint:
+        return MoCo(arch, dim=256, mlp_dim=512, image_size=image_size), f"random-init {arch}"
+    state, _ = read_moco_state(checkpoint)
+    kwargs = infer_arch(state, where=checkpoint)
+    model = MoCo(**kwargs)
+    model.load_state_dict(state)
+    return model, f"{kwargs['arch']} from {checkpoint}"
+
+
+@dataclasses.dataclass(kw_only=True)
+class LinearProbeConfig(TrainConfig):
+    """Linear classification on frozen MoCo v3 features (official main_lincls.py protocol)."""
+
+    run_dir: Path = option(Path("runs/linear-probe"), "output directory")
+    checkpoint: str = option("", "MoCo checkpoint (official main_moco.py or trainlab ckpt/last.pt); '': random init")
+    arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
+    data: SslData = option("digits", "digits or cifar10 (image folders: not yet)")
+    data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/")
+    image_size: int = option(16, "input side (the pretraining size; digits 8-32)")
+    base_learning_rate: float = option(0.1, "lr per 256 images (official: ResNet 0.1, ViT 3)")
+    batch_size: int = option(256, "global batch per optimizer step (official 1024)")
+    epochs: int = option(90, "number of epochs (official 90)")
+    schedule: ScheduleConfig = option(ScheduleConfig(kind="cosine"), "cosine decay, no warm-up (official)")
+    eval_subset: int = option(0, "N > 0: use the first N images of each split (debug)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.data == "image_folder":
+            raise UsageError("the linear probe reads digits or cifar10 for now; use --data digits or cifar10")
+
+
+class LinearProbeRecipe(Recipe[LinearProbeConfig]):
+    name = "linear-probe"
+    config_class = LinearProbeConfig
+    resume_must_match = ("checkpoint", "data", "image_size")
+
+    def __init__(self, config: LinearProbeConfig) -> None:
+        super().__init__(config)
+        self._images: EvalImages | None = None
+        self._initial: dict[str, torch.Tensor] = {}
+        self.source = ""
+
+    def _data(self) -> EvalImages:
+        if self._images is None:
+            c = self.config
+            self._images = load_eval_images(c.data, c.data_root, c.image_size, c.seed, c.eval_subset)
+        return self._images
+
+    def build(self, device: torch.device) -> TrainParts:
+        c = self.config
+        moco, self.source = load_backbone(c.checkpoint, c.arch, c.image_size)
+        backbone = Backbone(moco).to(device)
+        self._initial = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
+        with torch.no_grad():
+            width = backbone(torch.zeros(2, 3, c.image_size, c.image_size, device=device)).shape[1]
+        classifier = nn.Linear(width, 10).to(device)
+        nn.init.normal_(classifier.weight, mean=0.0, std=0.01)
+        nn.init.zeros_(classifier.bias)
+        lr = c.base_learning_rate * c.batch_size / 256
+        optimizer = torch.optim.SGD(classifier.parameters(), lr=lr, momentum=0.9, weight_decay=0.0)
+        return TrainParts(
+            models={"classifier": classifier},
+            phases=[Phase("main", optimizer, ["classifier"])],
+            frozen={"backbone": backbone},
+        )
+
+    def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
+        images = self._data()
+        return NamedTensorDataset(image=images.bank_N3HW, label=images.bank_labels_N)
+
+    def example_batch(self, batch_size: int) -> Batch:
+        s = self.config.image_size
+        return {"image": torch.zeros(batch_size, 3, s, s), "label": torch.zeros(batch_size, dtype=torch.long)}
+
+    def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        with torch.no_grad():
+            feats_BF = models["backbone"](batch["image"].float())
+        logits_BK = models["classifier"](feats_BF.to(batch["image"].dtype))
+        loss = F.cross_entropy(logits_BK.float(), batch["label"])
+        return {"loss": loss, "accuracy": (logits_BK.argmax(-1) == batch["label"]).float().mean()}
+
+    def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
+        backbone, classifier = models["backbone"], models["classifier"]
+        if epoch == 0:  # the official sanity check: the pretrained part did not change
+            for key, value in backbone.state_dict().items():
+                assert torch.equal(value.cpu(), self._initial[key].cpu()), f"backbone {key} changed"
+        images = self._data()
+        dtype = next(classifier.parameters()).dtype
+        correct = 0
+        with torch.no_grad():
+            for start in range(0, images.query_N3HW.shape[0], 512):
+                x = images.query_N3HW[start : start + 512].to(device)
+                logits = classifier(backbone(x).to(dtype))
+                correct += int((logits.argmax(-1).cpu() == images.query_labels_N[start : start + 512]).sum())
+        return {"test_accuracy": correct / images.query_N3HW.shape[0]}
+
+    def debug_config(self) -> LinearProbeConfig:
+        return dataclasses.replace(
+            self.config,
+            data="digits",
+            image_size=16,
+            eval_subset=256,
+            batch_size=32,
+            epochs=2,
+            log_every=1,
+            max_steps=-1,
+            debug=False,
+        )
