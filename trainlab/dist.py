@@ -19,26 +19,32 @@ log = logging.getLogger(__name__)
 
 
 def is_initialized() -> bool:
+    """Whether a process group exists (False in a single process)."""
     return torch_dist.is_available() and torch_dist.is_initialized()
 
 
 def rank() -> int:
+    """This process's rank (0 without a process group)."""
     return torch_dist.get_rank() if is_initialized() else 0
 
 
 def world_size() -> int:
+    """Number of processes (1 without a process group)."""
     return torch_dist.get_world_size() if is_initialized() else 1
 
 
 def local_rank() -> int:
+    """Rank on this machine, from torchrun's LOCAL_RANK (0 in a single process): picks the CUDA device."""
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def is_main() -> bool:
+    """Whether this process writes outputs (rank 0)."""
     return rank() == 0
 
 
 def launched_by_torchrun() -> bool:
+    """Whether torchrun's environment (RANK, WORLD_SIZE) is set."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
@@ -75,11 +81,13 @@ def exit_with_parent() -> None:
 
 
 def cleanup() -> None:
+    """Destroy the process group if there is one."""
     if is_initialized():
         torch_dist.destroy_process_group()
 
 
 def barrier() -> None:
+    """Wait for every rank (nothing in a single process)."""
     if is_initialized():
         torch_dist.barrier()
 

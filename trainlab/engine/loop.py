@@ -83,6 +83,8 @@ def resolve_device(name: str) -> torch.device:
 
 @dataclass
 class Progress:
+    """Where the run stands; saved in every checkpoint."""
+
     step: int = 0  # optimizer steps done
     epoch: int = 0
     step_in_epoch: int = 0
@@ -93,6 +95,8 @@ class Progress:
 
 @dataclass
 class FitResult:
+    """What `Trainer.fit` returns: how it ended, where, and this call's per-step losses and last evaluation."""
+
     status: str  # "finished" | "interrupted" | "max_steps"
     step: int
     epoch: int

@@ -95,9 +95,11 @@ class StepRunner:
         return {**trained, **self.frozen}
 
     def phase_params(self, phase: Phase) -> list[nn.Parameter]:
+        """The parameters `phase`'s optimizer updates (those requiring gradients)."""
         return [p for n in phase.modules for p in self.models[n].parameters() if p.requires_grad]
 
     def to_device(self, raw: Any) -> Batch:
+        """A loader batch on the device, cast for the precision mode (pure 16-bit modes cast float inputs)."""
         batch: Batch = self.precision.cast_input(move_to(raw, self.device))
         return batch
 
