@@ -121,6 +121,7 @@ CASES = {
     "cifar-resnet-bf16-amp": ("cifar", {"model": "resnet_debug", "precision": "bf16-amp"}),
     "var-fp32": ("var", {}),
     "var-bf16-amp-scale": ("var", {"precision": "bf16-amp-scale"}),
+    "var-activation-checkpointing": ("var", {"activation_checkpointing": True}),
     "tokenizer": ("tokenizer", {}),
 }
 

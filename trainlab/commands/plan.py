@@ -133,6 +133,7 @@ def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
         "gpus": result.gpus,
         "micro_batch": b.micro_batch,
         "grad_accumulation": b.grad_accumulation,
+        "activation_checkpointing": result.activation_checkpointing,
         "parameters": b.parameters,
         "parameters_bytes": b.parameters_bytes,
         "gradients_bytes": b.gradients_bytes,
@@ -169,7 +170,8 @@ def render(result: Plan, hand: HandEstimate) -> str:
     lines = [
         f"trainlab plan {result.recipe}: {b.parameters / 1e6:,.2f} M parameters, {result.precision}, global batch "
         f"{result.global_batch} = {result.gpus} GPU(s) x {b.grad_accumulation} accumulation x micro-batch "
-        f"{b.micro_batch} ({'CUDA' if cuda else 'this CPU'}; traced on fake tensors)",
+        f"{b.micro_batch}{', activation checkpointing' if result.activation_checkpointing else ''} "
+        f"({'CUDA' if cuda else 'this CPU'}; traced on fake tensors)",
         "",
         f"{'at the peak of live tensors':<40}{'bytes':>16}",
     ]

@@ -28,7 +28,7 @@ from trainlab.engine.data import StepBatchSampler, build_loader
 from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
 from trainlab.engine.precision import LossScaler, Precision, check_device_support
-from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts, check_activation_checkpointing
 from trainlab.engine.run_lock import RunDirLock
 from trainlab.engine.runinfo import prepare_run_dir, write_config
 from trainlab.engine.schedule import Scheduler
@@ -60,6 +60,7 @@ ENGINE_MAY_CHANGE = (
     "wandb_name",
     "progress",
     "deterministic",
+    "activation_checkpointing",  # the same losses and gradients, recomputed
     "ddp_find_unused_parameters",
     "memory_snapshot",
     "debug",
@@ -114,6 +115,7 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.precision = Precision.parse(cfg.precision)
         check_device_support(self.precision, self.device)
+        check_activation_checkpointing(recipe)
         if cfg.memory_snapshot and self.device.type != "cuda":
             raise UsageError("--memory-snapshot records the CUDA caching allocator and needs a CUDA device")
         dist.init(self.device.type)

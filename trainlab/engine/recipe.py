@@ -109,6 +109,9 @@ class TrainConfig:
     progress: bool = option(True, "progress bar on a terminal; otherwise a plain line every --log-every steps")
     deterministic: bool = option(False, "deterministic cuDNN kernels (slower)")
     ddp_find_unused_parameters: bool = option(False, "DDP find_unused_parameters (only for models that need it)")
+    activation_checkpointing: bool = option(
+        False, "recompute activations in backward instead of keeping them (less memory, one more forward per block)"
+    )
     memory_snapshot: str = option("", "write a CUDA memory snapshot (pytorch.org/memory_viz) of the first steps here")
     debug: bool = option(False, "tiny data, a few steps, save, reload, more steps; check resumed losses match")
 
@@ -182,6 +185,18 @@ class TrainParts:
 ConfigT = TypeVar("ConfigT", bound=TrainConfig)
 
 
+def check_activation_checkpointing(recipe: Recipe[Any]) -> None:
+    """Refuse `--activation-checkpointing` for a recipe whose models do not implement it.
+
+    Raises:
+        UsageError: the recipe does not support it.
+    """
+    from trainlab.errors import UsageError
+
+    if recipe.config.activation_checkpointing and not recipe.supports_activation_checkpointing:
+        raise UsageError(f"--activation-checkpointing is not implemented by recipe {recipe.name!r}; drop the flag")
+
+
 class Recipe(ABC, Generic[ConfigT]):
     """Base class: subclasses set `name`, `config_class`, and implement `build`, `build_data`, `train_step`,
     `example_batch` and `debug_config`. `self.config` is the recipe's own typed config."""
@@ -190,6 +205,7 @@ class Recipe(ABC, Generic[ConfigT]):
     config_class: type[TrainConfig] = TrainConfig
     best_metric: str = ""  # key returned by evaluate(); '' disables best.pt
     best_mode: Literal["max", "min"] = "max"
+    supports_activation_checkpointing: bool = False  # the recipe honours --activation-checkpointing (else refused)
     resume_may_change: tuple[str, ...] = ()  # config fields (besides the engine's) a resume may change; all others
     # must equal the checkpoint's (a resume that would silently compute something else is refused, naming the field)
 

@@ -74,6 +74,7 @@ class Plan:
     gpus_needed: int | None = None
     levers: list[Lever] = field(default_factory=list)
     traces: int = 1
+    activation_checkpointing: bool = False
 
 
 def overheads(device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_bytes: int, has_conv: bool) -> Overheads:
@@ -94,18 +95,29 @@ class _Tracer:
 
     def __init__(self, recipe: Recipe[Any], device: PlanDevice) -> None:
         self.recipe, self.device = recipe, device
-        self.cache: dict[tuple[int, int, str], Breakdown] = {}
+        self.cache: dict[tuple[int, int, str, bool], Breakdown] = {}
 
-    def __call__(self, micro_batch: int, accumulation: int, precision: str | None = None) -> Breakdown:
-        precision = precision or self.recipe.config.precision
-        key = (micro_batch, accumulation, precision)
+    def __call__(
+        self, micro_batch: int, accumulation: int, precision: str | None = None, checkpointing: bool | None = None
+    ) -> Breakdown:
+        cfg = self.recipe.config
+        precision = precision or cfg.precision
+        checkpointing = cfg.activation_checkpointing if checkpointing is None else checkpointing
+        key = (micro_batch, accumulation, precision, checkpointing)
         if key not in self.cache:
             recipe = self.recipe
-            if precision != recipe.config.precision:
-                recipe = type(recipe)(dataclasses.replace(recipe.config, precision=precision))
+            if precision != cfg.precision or checkpointing != cfg.activation_checkpointing:
+                config = dataclasses.replace(cfg, precision=precision, activation_checkpointing=checkpointing)
+                recipe = type(recipe)(config)
             run = trace_training(recipe, device=self.device, micro_batch=micro_batch, grad_accumulation=accumulation)
             self.cache[key] = breakdown(run)
-            log.info("traced micro-batch %d x %d (%s)", micro_batch, accumulation, precision)
+            log.info(
+                "traced micro-batch %d x %d (%s%s)",
+                micro_batch,
+                accumulation,
+                precision,
+                ", activation checkpointing" if checkpointing else "",
+            )
         return self.cache[key]
 
 
@@ -131,6 +143,7 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         overheads=overheads(request.device, request.gpu, request.gpus, main.gradients_bytes, main.uses_convolution),
         total_bytes=total(main),
         gpu=request.gpu,
+        activation_checkpointing=cfg.activation_checkpointing,
     )
     if request.gpu is None:
         return result
@@ -141,12 +154,13 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         return result
     per_gpu_batch = cfg.batch_size // request.gpus
 
-    def fits_at(m: int) -> bool:
+    def total_at(m: int) -> int:
         # below the per-GPU batch the run accumulates: from the 2nd micro-batch on, gradients live beside the
         # activations (and fragment the segments), and micro-batches 3.. repeat the 2nd
-        return total(tracer(m, 1 if m == per_gpu_batch else 2)) <= capacity
+        return total(tracer(m, 1 if m == per_gpu_batch else 2))
 
-    result.max_micro_batch = _largest_fitting(fits_at, per_gpu_batch, known=(micro if result.fits else None))
+    configured_fits_whole = bool(result.fits) and micro == per_gpu_batch and cfg.grad_accumulation == 1
+    result.max_micro_batch = largest_fitting(total_at, capacity, per_gpu_batch, configured_fits_whole)
     if result.max_micro_batch:
         m = result.max_micro_batch
         result.max_micro_batch_total_bytes = total(tracer(m, 1 if m == per_gpu_batch else 2))
@@ -168,24 +182,51 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     return result
 
 
-def _largest_fitting(fits: Callable[[int], bool], upper: int, known: int | None) -> int:
-    """The largest m in [1, upper] with fits(m) (fits is monotone in m); 0 when even m = 1 does not fit."""
-    low = known or 0  # fits
-    if low == upper:
+def largest_fitting(total_at: Callable[[int], int], capacity: int, upper: int, known_upper_fits: bool = False) -> int:
+    """The largest m in [1, upper] with total_at(m) <= capacity; 0 when even m = 1 does not fit.
+
+    The predicted total grows about linearly with the micro-batch (activations), in steps (allocator segments).
+    So instead of bisecting with a trace per step, guess from the straight line through the two traced ends of the
+    bracket, then trace the guess and its neighbour, which usually closes the bracket (4 traces in all). A guess
+    that leaves more than half of the bracket open makes the next guess the midpoint, so a badly bent curve still
+    takes no more traces than bisection. Assumes total_at is non-decreasing in m.
+    """
+    totals: dict[int, int] = {}
+
+    def at(m: int) -> int:
+        if m not in totals:
+            totals[m] = total_at(m)
+        return totals[m]
+
+    if known_upper_fits or at(upper) <= capacity:
         return upper
-    if low == 0 and not fits(1):
+    if at(1) > capacity:
         return 0
-    low = max(low, 1)
-    high = upper + 1  # does not fit (or beyond the batch)
-    if fits(upper):
-        return upper
-    high = upper
+    low, high = 1, upper  # at(low) <= capacity < at(high)
+    bisect = False
     while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
+        width = high - low
+        if bisect:
+            guess = (low + high) // 2
         else:
-            high = middle
+            slope = (at(high) - at(low)) / (high - low)
+            guess = low + int((capacity - at(low)) // slope) if slope > 0 else (low + high) // 2
+        guess = min(max(guess, low + 1), high - 1)
+        if at(guess) <= capacity:
+            low = guess
+            if guess + 1 < high:
+                if at(guess + 1) <= capacity:
+                    low = guess + 1
+                else:
+                    high = guess + 1
+        else:
+            high = guess
+            if guess - 1 > low:
+                if at(guess - 1) <= capacity:
+                    low = guess - 1
+                else:
+                    high = guess - 1
+        bisect = 2 * (high - low) > width
     return low
 
 
@@ -208,14 +249,15 @@ def _levers(
             levers.append(Lever("bf16", "--precision bf16-amp (fp32 weights, bf16 autocast)", t, t <= capacity))
         except UsageError as err:
             levers.append(Lever("bf16", f"--precision bf16-amp is refused by the recipe: {err}", None, None))
-    levers.append(
-        Lever(
-            "activation checkpointing",
-            "not predicted: the engine has no --activation-checkpointing option yet",
-            None,
-            None,
-        )
-    )
+    if cfg.activation_checkpointing:
+        pass  # already on: the plan above is traced with it
+    elif recipe.supports_activation_checkpointing:
+        t = total(tracer(micro, cfg.grad_accumulation, checkpointing=True))
+        description = f"--activation-checkpointing (micro-batch {micro}, about one more forward per step)"
+        levers.append(Lever("activation checkpointing", description, t, t <= capacity))
+    else:
+        description = f"--activation-checkpointing is not implemented by recipe {recipe.name!r}"
+        levers.append(Lever("activation checkpointing", description, None, None))
     if result.max_micro_batch and result.suggested_grad_accumulation and result.suggested_grad_accumulation > 1:
         k = result.suggested_grad_accumulation
         m = cfg.batch_size // request.gpus // k

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from trainlab.engine.precision import LossScaler, Precision
-from trainlab.engine.recipe import Batch, Recipe, StepInfo
+from trainlab.engine.recipe import Batch, Recipe, StepInfo, check_activation_checkpointing
 from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import seed_everything
 from trainlab.engine.step import StepRunner
@@ -138,6 +138,7 @@ def trace_training(
         The trace, with parameters, gradients, optimizer states and frozen models labelled.
     """
     cfg = recipe.config
+    check_activation_checkpointing(recipe)
     precision = Precision.parse(cfg.precision)
     total = total_steps or (cfg.max_steps if cfg.max_steps > 0 else PLANNED_TOTAL_STEPS)
     tracer = StorageTracer()

@@ -4,7 +4,10 @@
 each ATen op it looks at the output tensors' untyped storages; a storage seen for the first time is an allocation,
 and a weak reference callback on it records the free when the storage dies. Each allocation carries the `region`
 the driver set when it happened (setup, batch, forward, backward, optimizer, after_step) and whether it is an
-autocast copy of a parameter, so that a later pass can say what the bytes at the peak were.
+autocast copy of a parameter, so that a later pass can say what the bytes at the peak were. Storages no op
+allocated are not recorded: `torch.load` rebuilds a weights file's tensors by `set_` onto storages it read itself
+(host memory; on CUDA runs they never reach the GPU, and they die once copied into the model). Under fake tensors
+the dispatch cache would keep them alive to the end, so counting them would show a second copy of a frozen model.
 
 Under fake tensors nothing has a value. Reads of a value (`.item()`, `float(t)`, `bool(t)`, `.tolist()`,
 `.numpy()`) answer a neutral placeholder instead: 0 / 0.0 / False (a finite gradient norm, "no overflow", "no
@@ -100,6 +103,9 @@ class _ValueReads(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_SET_STORAGE = (torch.ops.aten.set_.source_Storage, torch.ops.aten.set_.source_Storage_storage_offset)
+
+
 class StorageTracer(TorchDispatchMode):
     """Records storage allocations and frees. Use with `tracing()`; set `region` / `step` as the run goes."""
 
@@ -113,6 +119,9 @@ class StorageTracer(TorchDispatchMode):
         self._parameter_storages: set[int] = set()  # record indices of parameter storages (autocast copies)
         self.uses_convolution = False  # cuDNN convolution workspace on CUDA
         self._overflow_flags: set[int | None] = set()  # GradScaler found_inf storages: read as 0.0 (no overflow)
+        # storages no traced op allocated: `torch.load` builds a file's tensors by `set_` onto storages it read
+        # itself (host memory, map_location="cpu"; freed once the weights are copied into the model)
+        self._external: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     # ----------------------------------------------------------------------------------------- recording
     def record_index(self, t: torch.Tensor) -> int | None:
@@ -162,6 +171,8 @@ class StorageTracer(TorchDispatchMode):
         out = _dynamic_shape_placeholder(func, args, kwargs) if args and _is_fake_arg(args[0]) else None
         if out is None:
             out = func(*args, **kwargs)
+        if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage) and args[1] not in self._index_of:
+            self._external[args[1]] = True
         if func is torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default:
             self._overflow_flags.add(self.record_index(args[1]))
         autocast_copy = False
@@ -172,7 +183,7 @@ class StorageTracer(TorchDispatchMode):
         for t in flat:
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
-                if storage not in self._index_of:
+                if storage not in self._index_of and storage not in self._external:
                     self._register(storage, autocast_copy)
         return out
 

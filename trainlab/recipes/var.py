@@ -233,6 +233,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
     config_class = VARTrainConfig
     best_metric = "val_cross_entropy_last_scale"  # the official "best" checkpoint tracks the val tail loss
     best_mode = "min"
+    supports_activation_checkpointing = True  # per transformer block
     resume_may_change = (
         "data_root",
         "tokenizer",  # a moved file: the checkpoint keeps the weights' SHA-256 and refuses others
@@ -284,6 +285,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         self.tokenizer_hash = tokenizer_sha256(tokenizer)
         var = VAR(var_model_config(c, tokenizer.cfg.z_channels))
         var.init_weights(c.init_adaln, c.init_adaln_gamma, c.init_head, c.init_std)
+        var.activation_checkpointing = c.activation_checkpointing
         if c.init_from:
             load_official_into_(var, Path(c.init_from))
         var = var.to(device)

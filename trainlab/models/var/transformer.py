@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from trainlab.errors import UsageError
 from trainlab.models.var.blocks import AdaLNBeforeHead, AdaLNSelfAttn, AttnSegment, StaticKVCache
@@ -146,6 +147,7 @@ class VAR(nn.Module):
         if cfg.shared_adaln:
             self.shared_ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
         drop_rates = torch.linspace(0, cfg.drop_path_rate, cfg.depth, device="cpu").tolist()
+        self.activation_checkpointing = False  # recompute each block in backward (training only; the recipe sets it)
         self.blocks = nn.ModuleList(
             AdaLNSelfAttn(
                 embed_dim=C,
@@ -275,8 +277,12 @@ class VAR(nn.Module):
             dtype = torch.get_autocast_dtype(device_type)
             x_BLC, cond_in = x_BLC.to(dtype), cond_in.to(dtype)
         segments = self._segments(end)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x_BLC = block(x_BLC, cond_in, segments)
+            if recompute:  # keep only the block's input; backward reruns the block (same RNG: same drop path)
+                x_BLC = checkpoint(block, x_BLC, cond_in, segments, use_reentrant=False)
+            else:
+                x_BLC = block(x_BLC, cond_in, segments)
         if return_hidden:
             return x_BLC
         return self.logits(x_BLC, cond_BD)
