@@ -2,10 +2,11 @@
 
 The backbone (base encoder without its projector) is frozen in eval mode (its BatchNorm statistics never change: a
 frozen model of the engine); a linear classifier, init N(0, 0.01) and bias 0, is trained with SGD (momentum 0.9,
-weight decay 0), lr = base (ResNet 0.1, ViT 3) x batch / 256, cosine. After the first epoch a check asserts that no
-backbone weight changed. The final-epoch accuracy is the result; the best epoch only a labelled extra (choosing it
-uses the test set). Augmentation: none (in-memory digits / CIFAR-10 at the pretraining size), a deviation from the
-official RandomResizedCrop + flip at 224 px. Shape legend: B batch, F feature width, K classes.
+weight decay 0), lr = base (ResNet 0.1, ViT 3) x batch / 256, cosine. After the first epoch (and every later one)
+a check asserts that no backbone weight or BN statistic changed. The final-epoch accuracy is the result; the best
+epoch only a labelled extra (choosing it uses the test set). Augmentation: none (in-memory digits / CIFAR-10 at
+the pretraining size), a deviation from the official RandomResizedCrop + flip at 224 px.
+Shape legend: B batch, F feature width, K classes.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         moco, self.source = load_backbone(c.checkpoint, c.arch, c.image_size)
-        backbone = Backbone(moco).to(device)
+        backbone = Backbone(moco).to(device).eval()  # eval before any forward: train mode would move BN statistics
         self._initial = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
         with torch.no_grad():
             width = backbone(torch.zeros(2, 3, c.image_size, c.image_size, device=device)).shape[1]
@@ -126,9 +127,10 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
         backbone, classifier = models["backbone"], models["classifier"]
-        if epoch == 0:  # the official sanity check: the pretrained part did not change
-            for key, value in backbone.state_dict().items():
-                assert torch.equal(value.cpu(), self._initial[key].cpu()), f"backbone {key} changed"
+        # The official sanity check, after the first epoch (`epoch` counts completed epochs) and every later one: no
+        # backbone weight or BatchNorm statistic changed.
+        for key, value in backbone.state_dict().items():
+            assert torch.equal(value, self._initial[key].to(value.device)), f"backbone {key} changed"
         images = self._data()
         dtype = next(classifier.parameters()).dtype
         correct = 0
