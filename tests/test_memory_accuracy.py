@@ -51,8 +51,11 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        # an output that aliases an input (a view, an in-place op) allocated nothing: without this, indexing an
+        # in-memory dataset (MoCo's digits views) would count the whole dataset's storage as a new allocation
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in inputs:
                 self.add(t.untyped_storage())
         return out
 
@@ -123,6 +126,8 @@ CASES = {
     "var-bf16-amp-scale": ("var", {"precision": "bf16-amp-scale"}),
     "var-activation-checkpointing": ("var", {"activation_checkpointing": True}),
     "tokenizer": ("tokenizer", {}),
+    "moco-resnet": ("moco", {}),
+    "moco-vit": ("moco", {"arch": "vit_debug"}),
 }
 
 
@@ -157,3 +162,25 @@ def test_parameters_and_optimizer_states_are_exact(name: str, tmp_path: Path) ->
     assert predicted.parameters_bytes == sum(p.numel() * p.element_size() for p in params)
     assert predicted.optimizer_states_bytes == sum(t.untyped_storage().nbytes() for t in states)
     assert predicted.optimizer_states_bytes > 0
+
+
+@pytest.mark.parametrize("arch", ["resnet_debug", "vit_debug"])
+def test_moco_momentum_encoder_is_a_momentum_copy(arch: str, tmp_path: Path) -> None:
+    """The momentum encoder's parameters (written by after_optimizer_step) are counted as momentum / EMA copies,
+    not as trained parameters; its BatchNorm statistics (updated by its forward) stay buffers."""
+    recipe = _recipe("moco", tmp_path, arch=arch)
+    predicted = breakdown(
+        trace_training(recipe, device="cpu", micro_batch=recipe.config.batch_size, grad_accumulation=1)
+    )
+    model = recipe.build(torch.device("cpu")).models["moco"]
+
+    def nbytes(tensors: Any) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    momentum = nbytes(model.momentum_encoder.parameters())
+    trained = nbytes(model.base_encoder.parameters()) + nbytes(model.predictor.parameters())
+    assert momentum > 0
+    assert predicted.at_peak["recipe_state"] == momentum
+    assert predicted.at_peak["parameter"] == trained
+    assert predicted.at_peak["buffer"] == nbytes(model.buffers())
+    assert predicted.parameters_bytes == momentum + trained  # every parameter of the trained model, as before

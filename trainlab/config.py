@@ -7,7 +7,9 @@ values (argparse choices on the command line, listed by `--help`; checked again 
 defaults, then `--config file.yaml` (a path, or the name of a shipped config: `--config var_d16`), then flags. Unknown
 keys or flags (with a "did you mean" suggestion), missing required fields, wrong types, bad values and unreadable
 files are `UsageError`s (one line, exit code 2). `--print-config` prints the resolved config as YAML (loadable with
-`--config`) and exits 0 without running anything.
+`--config`) and exits 0 without running anything. A command may let a top-level field also take the word `auto`
+(`parse(..., auto={"grad_accumulation": Auto(help, resolve)})`): the field keeps its type, `resolve(config)` turns
+`auto` into a value before `validate()` and `--print-config`, so the resolved value is what runs and is recorded.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
@@ -53,6 +56,19 @@ def option(
     if dataclasses.is_dataclass(default) and not isinstance(default, type):
         return dataclasses.field(default_factory=lambda: dataclasses.replace(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+@dataclass(frozen=True)
+class Auto(Generic[T]):
+    """A top-level config field that also accepts the word `auto` (on the command line or in YAML).
+
+    Attributes:
+        help: what `auto` does, appended to the field's `--help` line.
+        resolve: called with the config built with the field at its default; returns the value `auto` stands for.
+    """
+
+    help: str
+    resolve: Callable[[T], Any]
 
 
 def _flag(name: str) -> str:
@@ -220,7 +236,9 @@ def _choices(tp: Any, optional: bool) -> list[str] | None:
     return [str(c) for c in get_args(tp)] + (["none"] if optional else [])
 
 
-def _add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
+def _add_arguments(
+    parser: argparse.ArgumentParser, cls: type, prefix: str = "", auto: Mapping[str, Auto[Any]] | None = None
+) -> None:
     for name, tp, f in _fields(cls):
         dotted = prefix + name
         if dataclasses.is_dataclass(tp):
@@ -231,6 +249,8 @@ def _add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "")
         choices = _choices(_item_type(base) if is_list else base, optional)
         help_text = f"{f.metadata.get('help', '')} ({_shown_default(f)})"
         metavar = f.metadata.get("metavar")
+        if not prefix and auto and name in auto:
+            help_text += f"; auto: {auto[name].help}"
         if f.metadata.get("positional"):
             if prefix:
                 raise TypeError(f"{dotted}: only top-level fields can be positional")
@@ -335,9 +355,11 @@ def _close_flag(word: str, known: Sequence[str]) -> list[str]:
     return difflib.get_close_matches(word.split("=", 1)[0], list(known), n=1, cutoff=0.8)
 
 
-def build_parser(cls: type, prog: str, description: str, epilog: str = "") -> argparse.ArgumentParser:
+def build_parser(
+    cls: type, prog: str, description: str, epilog: str = "", auto: Mapping[str, Auto[Any]] | None = None
+) -> argparse.ArgumentParser:
     """An argparse parser with one flag (or positional) per (nested) dataclass field, plus `--config` and
-    `--print-config`. Parse errors raise `UsageError` instead of exiting."""
+    `--print-config`. Parse errors raise `UsageError` instead of exiting. `auto` adds its help to those fields."""
     parser = _Parser(
         prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -350,7 +372,7 @@ def build_parser(cls: type, prog: str, description: str, epilog: str = "") -> ar
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config as YAML and exit without running"
     )
-    _add_arguments(parser, cls)
+    _add_arguments(parser, cls, auto=auto)
     return parser
 
 
@@ -361,7 +383,14 @@ def _command_line_name(dotted: str, f: dataclasses.Field[Any]) -> str:
     return "/".join([_flag(dotted), *f.metadata.get("aliases", ())])
 
 
-def parse(cls: type[T], argv: Sequence[str], prog: str, description: str = "", epilog: str = "") -> T:
+def parse(
+    cls: type[T],
+    argv: Sequence[str],
+    prog: str,
+    description: str = "",
+    epilog: str = "",
+    auto: Mapping[str, Auto[T]] | None = None,
+) -> T:
     """Parse `argv` into `cls`: defaults < `--config` YAML < flags, then the config's `validate()`.
 
     With `--print-config`, prints the resolved config as YAML to stdout and raises `SystemExit(0)` (as `--help`
@@ -373,11 +402,12 @@ def parse(cls: type[T], argv: Sequence[str], prog: str, description: str = "", e
         prog: the command as the user typed it (`trainlab sample`), for usage and error messages.
         description: the `--help` summary; defaults to the first line of `cls`'s docstring.
         epilog: text shown after the options by `--help` (kept as written).
+        auto: top-level field name -> `Auto`: the field also accepts `auto`, resolved before `--print-config`.
 
     Raises:
         UsageError: a bad flag, value, key or config file, or a missing required field.
     """
-    parser = build_parser(cls, prog, description or (cls.__doc__ or "").strip().splitlines()[0], epilog)
+    parser = build_parser(cls, prog, description or (cls.__doc__ or "").strip().splitlines()[0], epilog, auto)
     namespace = vars(parser.parse_args(list(argv)))
     config_path = namespace.pop("config")
     print_config = namespace.pop("print_config")
@@ -391,7 +421,14 @@ def parse(cls: type[T], argv: Sequence[str], prog: str, description: str = "", e
         raise UsageError(
             f"missing required {', '.join(missing)} (on the command line or in the --config file); see `{prog} --help`"
         )
-    config = from_dict(cls, merged)
+    wants_auto = [name for name in auto or {} if str(merged.get(name, "")).lower() == "auto"]
+    config = from_dict(cls, {k: v for k, v in merged.items() if k not in wants_auto})
+    if wants_auto:
+        assert auto is not None
+        hints = typing.get_type_hints(cls)
+        resolved = {name: _convert(auto[name].resolve(config), hints[name], f"auto {name}") for name in wants_auto}
+        config = dataclasses.replace(config, **resolved)  # type: ignore[type-var]
+        _validate(config)
     if print_config:
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         raise SystemExit(0)

@@ -1,16 +1,93 @@
-"""`trainlab train RECIPE [--config file.yaml] [flags]`: flags are generated from the recipe's typed config."""
+"""`trainlab train RECIPE [--config file.yaml] [flags]`: flags are generated from the recipe's typed config.
+
+`--grad-accumulation auto` (or `grad_accumulation: auto` in YAML) is resolved here, before the engine is built: the
+memory planner traces the recipe on fake tensors and picks the smallest accumulation whose micro-batch fits the
+device's free memory and divides the global batch; the integer is what the run uses and records in its config.
+"Free memory" is `torch.cuda.mem_get_info` on CUDA (what is free after the CUDA context; the planner adds the
+cuBLAS/cuDNN workspaces), and on CPU the RAM the OS reports available
+(`psutil.virtual_memory().available`) against the planned peak of live tensor bytes (the Python process itself,
+DataLoader workers and the allocator's slack are not counted on CPU). Under torchrun with more than one process
+`auto` is refused: the processes would each read their own GPU and could disagree.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from typing import Any
+
+import torch
 
 from trainlab import dist
-from trainlab.config import parse
+from trainlab.config import Auto, parse
+from trainlab.engine.recipe import Recipe, TrainConfig
 from trainlab.errors import UsageError
 from trainlab.recipes import get_recipe, list_recipes
 
 log = logging.getLogger(__name__)
+
+AUTO_HELP = "the smallest accumulation whose micro-batch fits the device's free memory (planned by `trainlab plan`)"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n} B"
+
+
+def free_memory(device: torch.device) -> tuple[int, str]:
+    """Bytes free for this run's tensors on `device`, and a description of what was measured."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"free on {device} per torch.cuda.mem_get_info"
+    import psutil
+
+    return int(psutil.virtual_memory().available), "RAM available on this machine per psutil (a CPU run)"
+
+
+def resolve_auto_accumulation(recipe_cls: type[Recipe[Any]], config: TrainConfig) -> int:
+    """`--grad-accumulation auto`: the smallest accumulation whose micro-batch fits the device's free memory.
+
+    Raises:
+        UsageError: the device is neither CPU nor CUDA, or even micro-batch 1 does not fit (names the levers).
+    """
+    from trainlab.engine.loop import resolve_device
+    from trainlab.memory.gpus import GpuProfile
+    from trainlab.memory.planner import auto_accumulation
+    from trainlab.memory.trace import PlanDevice
+
+    device = resolve_device(config.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", dist.local_rank())
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--grad-accumulation auto plans CPU or CUDA runs, not {device}; pass a number")
+    processes = int(os.environ["WORLD_SIZE"]) if dist.launched_by_torchrun() else 1
+    if processes > 1:  # each process would read its own GPU's free memory and could pick a different number
+        raise UsageError(
+            f"--grad-accumulation auto runs in a single process only (this is one of {processes}); plan it with "
+            f"`trainlab plan RECIPE ... --gpus {processes} --gpu NAME|GiB` and pass the --grad-accumulation it prints"
+        )
+    free, meaning = free_memory(device)
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
+    capacity = GpuProfile(meaning, free, capability, context_bytes=0)  # free memory is counted after the context
+    device_type: PlanDevice = "cuda" if device.type == "cuda" else "cpu"
+    answer = auto_accumulation(recipe_cls(config), device_type, capacity, processes)
+    log.info(
+        "--grad-accumulation auto: micro-batch %d x accumulation %d x %d process(es) = global batch %d; predicted "
+        "peak %s of %s (%s); largest micro-batch that fits: %d (%d traces)",
+        answer.micro_batch,
+        answer.grad_accumulation,
+        processes,
+        config.batch_size,
+        _size(answer.predicted_bytes),
+        _size(free),
+        meaning,
+        answer.largest_micro_batch,
+        answer.traces,
+    )
+    return answer.grad_accumulation
 
 
 def main(argv: list[str]) -> int:
@@ -20,7 +97,10 @@ def main(argv: list[str]) -> int:
         print("`trainlab train RECIPE --help` lists every field of that recipe's config.")
         return 0 if argv else 2
     recipe_cls = get_recipe(argv[0])
-    config = parse(recipe_cls.config_class, argv[1:], prog=f"trainlab train {argv[0]}")
+    auto: dict[str, Auto[Any]] = {
+        "grad_accumulation": Auto(AUTO_HELP, lambda cfg: resolve_auto_accumulation(recipe_cls, cfg))
+    }
+    config = parse(recipe_cls.config_class, argv[1:], prog=f"trainlab train {argv[0]}", auto=auto)
     recipe = recipe_cls(config)
     if config.debug:
         from trainlab.engine.debug import run_debug_check

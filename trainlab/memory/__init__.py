@@ -8,8 +8,10 @@
     planner.py     the largest micro-batch that fits, accumulation, GPUs needed, levers
     hand_formula.py  the seed's hand estimate, for comparison
 
-Known gaps for `--device cuda` (the CPU plan is the tested one): CPU autocast's cast policy stands in for CUDA's
-(CUDA autocast also runs layer_norm / group_norm / softmax in fp32, so 16-bit plans of normalisation-heavy models
-can be low); the SDPA backend CUDA would pick is not substituted (the CPU flash kernel's saved tensors are traced);
-cuDNN / cuBLAS workspaces, the CUDA context and NCCL come from per-GPU constants that are estimates until measured.
+    cuda_autocast.py  CUDA autocast's fp32 cast policy where it differs from CPU's (layer_norm, softmax, sum, ...)
+
+Known gaps for `--device cuda` (the CPU plan is the tested one): CUDA autocast's cast policy is substituted only for
+the ops listed in `cuda_autocast.py`; the SDPA backend CUDA would pick is not substituted (the CPU flash kernel's
+saved tensors are traced); cuDNN / cuBLAS workspaces, the CUDA context and NCCL come from per-GPU constants that are
+estimates until measured.
 """

@@ -1,10 +1,11 @@
 """What the bytes at the peak are: a pass over a trace's events, by category, plus the allocator's reserved peak.
 
-Categories of a storage, in order of precedence: its label (parameter, buffer, gradient, optimizer_state, frozen),
-then "recipe_state" (alive before the steady-state window and still alive at the end: EMA / momentum copies, the
-loss scale), then by where it was allocated: "batch", "autocast_copies" (a parameter cast to 16 bits inside the
-forward), "activations" (the rest of the forward: what autograd saves and the forward's outputs), "temporaries"
-(backward, unscale / clip, optimizer and after-step work).
+Categories of a storage, in order of precedence: "recipe_state" for a parameter or buffer that the recipe's
+`after_optimizer_step` writes in place (a momentum encoder, EMA weights or codebooks), its label (parameter, buffer,
+gradient, optimizer_state, frozen), then "recipe_state" (alive before the steady-state window and still alive at
+the end: EMA / momentum copies, the loss scale), then by where it was allocated: "batch", "autocast_copies" (a
+parameter cast to 16 bits inside the forward), "activations" (the rest of the forward: what autograd saves and the
+forward's outputs), "temporaries" (backward, unscale / clip, optimizer and after-step work).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class Breakdown:
 
 
 def _category(record: StorageRecord, persistent: set[int]) -> str:
+    if record.label in ("parameter", "buffer") and record.written_by_recipe_hook:
+        return "recipe_state"
     if record.label:
         return record.label
     if record.index in persistent:

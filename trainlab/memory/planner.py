@@ -3,6 +3,8 @@
 `plan(recipe, PlanRequest(...))` returns a `Plan`: the breakdown of the configured micro-batch, the total against the
 GPU, the largest micro-batch that fits (a search over traced micro-batches), the `--grad-accumulation` that keeps
 the global batch, the GPUs the global batch needs, and levers with their predicted totals.
+`auto_accumulation(recipe, device, capacity)` answers only the accumulation question, for
+`trainlab train --grad-accumulation auto`.
 """
 
 from __future__ import annotations
@@ -164,11 +166,7 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     if result.max_micro_batch:
         m = result.max_micro_batch
         result.max_micro_batch_total_bytes = total(tracer(m, 1 if m == per_gpu_batch else 2))
-        result.suggested_grad_accumulation = next(
-            k
-            for k in range(1, per_gpu_batch + 1)
-            if per_gpu_batch % k == 0 and per_gpu_batch // k <= result.max_micro_batch
-        )
+        result.suggested_grad_accumulation = smallest_accumulation(per_gpu_batch, result.max_micro_batch)
         result.gpus_needed = next(
             (
                 n
@@ -180,6 +178,64 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     result.levers = _levers(recipe, request, tracer, total, result, micro)
     result.traces = len(tracer.cache)
     return result
+
+
+def smallest_accumulation(per_gpu_batch: int, max_micro_batch: int) -> int:
+    """The smallest k that divides the per-GPU batch with a micro-batch per_gpu_batch / k <= max_micro_batch."""
+    if max_micro_batch < 1:
+        raise ValueError("no micro-batch fits")
+    return next(
+        k for k in range(1, per_gpu_batch + 1) if per_gpu_batch % k == 0 and per_gpu_batch // k <= max_micro_batch
+    )
+
+
+@dataclass(frozen=True)
+class AutoAccumulation:
+    """What `--grad-accumulation auto` resolves to."""
+
+    micro_batch: int
+    grad_accumulation: int
+    predicted_bytes: int  # the predicted total at that micro-batch (reserved peak + workspaces on CUDA)
+    capacity_bytes: int
+    largest_micro_batch: int  # the largest micro-batch that fits (it may not divide the batch)
+    traces: int
+
+
+def auto_accumulation(recipe: Recipe[Any], device: PlanDevice, capacity: GpuProfile, gpus: int = 1) -> AutoAccumulation:
+    """The smallest accumulation whose micro-batch (per-GPU batch / accumulation) fits in `capacity`.
+
+    The recipe's configured `grad_accumulation` is ignored. Each candidate micro-batch is traced as `plan` traces it
+    (with accumulation when it is smaller than the per-GPU batch, so gradients live beside the activations), and the
+    total adds the allocator-external overheads of `capacity` on CUDA (pass `context_bytes=0` when `capacity` is
+    memory that is free after the context exists, as `torch.cuda.mem_get_info` reports it).
+
+    Raises:
+        UsageError: the batch does not split over `gpus`, or even micro-batch 1 does not fit (the message names
+            the levers).
+    """
+    cfg = recipe.config
+    if gpus < 1 or cfg.batch_size % gpus:
+        raise UsageError(f"batch size {cfg.batch_size} does not split over {gpus} process(es)")
+    per_gpu_batch = cfg.batch_size // gpus
+    tracer = _Tracer(recipe, device)
+
+    def total_at(m: int) -> int:
+        b = tracer(m, 1 if m == per_gpu_batch else 2)
+        return b.peak_reserved_bytes + overheads(device, capacity, gpus, b.gradients_bytes, b.uses_convolution).total
+
+    largest = largest_fitting(total_at, capacity.total_bytes, per_gpu_batch)
+    if largest == 0:
+        levers = "--precision bf16-amp"
+        if recipe.supports_activation_checkpointing and not cfg.activation_checkpointing:
+            levers += ", --activation-checkpointing"
+        raise UsageError(
+            f"--grad-accumulation auto: even micro-batch 1 needs {total_at(1) / 2**30:,.2f} GiB but "
+            f"{capacity.name} is {capacity.total_bytes / 2**30:,.2f} GiB; try {levers}, more GPUs or a larger device "
+            f"(`trainlab plan {recipe.name} --gpu NAME` shows each)"
+        )
+    k = smallest_accumulation(per_gpu_batch, largest)
+    m = per_gpu_batch // k
+    return AutoAccumulation(m, k, total_at(m), capacity.total_bytes, largest, len(tracer.cache))
 
 
 def largest_fitting(total_at: Callable[[int], int], capacity: int, upper: int, known_upper_fits: bool = False) -> int:

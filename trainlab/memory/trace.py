@@ -13,8 +13,9 @@ For `device="cuda"` the step is still traced on fake CPU tensors: autograd on fa
 context (reference B.3), and fake parameters cannot be moved between devices. What differs on CUDA is substituted:
 512-byte block rounding and the allocator's segments (`memory.allocator`), foreach optimizer temporaries
 (optimizers left on their default implementation switch to foreach, as torch does on CUDA; a recipe that picks
-fused AdamW on CUDA is traced as foreach, which over-counts its temporaries). CPU autocast's cast policy stands in
-for CUDA's (see `memory/__init__.py` for what that misses).
+fused AdamW on CUDA is traced as foreach, which over-counts its temporaries), and CUDA autocast's fp32 /
+fp32-dtype cast policy where it differs from CPU's (`memory.cuda_autocast`: layer_norm, group_norm, softmax,
+log_softmax, sum, exp, pow, ... in fp32). The SDPA backend's saved tensors are still CPU's.
 """
 
 # Shape legend: B micro-batch.
@@ -34,6 +35,7 @@ from trainlab.engine.recipe import Batch, Recipe, StepInfo, check_activation_che
 from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import seed_everything
 from trainlab.engine.step import StepRunner
+from trainlab.memory.cuda_autocast import CudaAutocastPolicy
 from trainlab.memory.tracer import Region, StorageTracer, Trace, tracing
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,11 @@ class _RegionRecipe(Recipe[Any]):
 
     def after_optimizer_step(self, models: Mapping[str, nn.Module], phase: str, info: StepInfo) -> dict[str, float]:
         self.tracer.region = "after_step"
-        return self.inner.after_optimizer_step(models, phase, info)
+        self.tracer.in_recipe_hook = True
+        try:
+            return self.inner.after_optimizer_step(models, phase, info)
+        finally:
+            self.tracer.in_recipe_hook = False
 
 
 def traced_step_indices(total_steps: int) -> list[int]:
@@ -124,6 +130,7 @@ def trace_training(
     micro_batch: int,
     grad_accumulation: int,
     total_steps: int | None = None,
+    cuda_autocast: bool | None = None,
 ) -> TracedRun:
     """Run the recipe's training step on fake tensors and record every storage allocation and free.
 
@@ -133,6 +140,7 @@ def trace_training(
         micro_batch: samples per micro-batch on one process.
         grad_accumulation: micro-batches per optimizer step.
         total_steps: optimizer steps of the run (default: a long run; see `traced_step_indices`).
+        cuda_autocast: substitute CUDA autocast's cast policy (default: when `device` is "cuda").
 
     Returns:
         The trace, with parameters, gradients, optimizer states and frozen models labelled.
@@ -143,7 +151,8 @@ def trace_training(
     total = total_steps or (cfg.max_steps if cfg.max_steps > 0 else PLANNED_TOTAL_STEPS)
     tracer = StorageTracer()
     cpu = torch.device("cpu")
-    with tracing(tracer), torch.random.fork_rng(devices=[]):
+    use_cuda_policy = device == "cuda" if cuda_autocast is None else cuda_autocast
+    with tracing(tracer), torch.random.fork_rng(devices=[]), CudaAutocastPolicy(enabled=use_cuda_policy):
         seed_everything(cfg.seed)
         parts = recipe.build(cpu)
         for model in parts.models.values():

@@ -12,6 +12,10 @@ the dispatch cache would keep them alive to the end, so counting them would show
 Under fake tensors nothing has a value. Reads of a value (`.item()`, `float(t)`, `bool(t)`, `.tolist()`,
 `.numpy()`) answer a neutral placeholder instead: 0 / 0.0 / False (a finite gradient norm, "no overflow", "no
 dead code"), so the real step's control flow takes its common path.
+
+While `in_recipe_hook` is set (the recipe's `after_optimizer_step`), every storage an op writes in place is marked
+`written_by_recipe_hook`: a parameter or buffer the recipe updates itself once per optimizer step (a momentum
+encoder, an EMA model or codebook) is recipe state, not a trained parameter.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class StorageRecord:
     step: int  # index of the traced optimizer step (-1: set-up)
     autocast_copy: bool = False
     label: str = ""  # parameter, gradient, optimizer_state, buffer, frozen (set by the driver); '' = by region
+    written_by_recipe_hook: bool = False  # written in place by the recipe's after_optimizer_step
 
 
 @dataclass
@@ -118,6 +123,7 @@ class StorageTracer(TorchDispatchMode):
         self._refs: dict[int, weakref.ref[Any]] = {}
         self._parameter_storages: set[int] = set()  # record indices of parameter storages (autocast copies)
         self.uses_convolution = False  # cuDNN convolution workspace on CUDA
+        self.in_recipe_hook = False  # set by the driver around the recipe's after_optimizer_step
         self._overflow_flags: set[int | None] = set()  # GradScaler found_inf storages: read as 0.0 (no overflow)
         # storages no traced op allocated: `torch.load` builds a file's tensors by `set_` onto storages it read
         # itself (host memory, map_location="cpu"; freed once the weights are copied into the model)
@@ -173,6 +179,11 @@ class StorageTracer(TorchDispatchMode):
             out = func(*args, **kwargs)
         if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage) and args[1] not in self._index_of:
             self._external[args[1]] = True
+        if self.in_recipe_hook:
+            for t in _written_arguments(func, args, kwargs):
+                index = self._index_of.get(t.untyped_storage())
+                if index is not None:
+                    self.trace.records[index].written_by_recipe_hook = True
         if func is torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default:
             self._overflow_flags.add(self.record_index(args[1]))
         autocast_copy = False
@@ -186,6 +197,17 @@ class StorageTracer(TorchDispatchMode):
                 if storage not in self._index_of and storage not in self._external:
                     self._register(storage, autocast_copy)
         return out
+
+
+def _written_arguments(func: Any, args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an op writes in place (its schema's `Tensor(a!)` arguments, lists included: `_foreach_*_`)."""
+    written: list[torch.Tensor] = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        written += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    return written
 
 
 def _apply_keeping_parameters(self: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
