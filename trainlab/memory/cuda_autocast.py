@@ -135,8 +135,16 @@ class CudaAutocastPolicy(TorchFunctionMode):
         recomputation (which re-enters CPU autocast) casts as the forward did. A mode is popped while its handler
         runs, and `Tensor.backward` / `torch.autograd.backward` would hand the call back to it, so the engine is
         called as `torch.autograd.backward` calls it (the plain `loss.backward()` form the engine uses)."""
-        from torch.autograd import _make_grads
-        from torch.autograd.graph import _engine_run_backward
+        try:  # private torch entry points (tested with torch 2.14): a newer torch that moved them gets one line
+            from torch.autograd import _make_grads
+            from torch.autograd.graph import _engine_run_backward
+        except ImportError as err:
+            from trainlab.errors import UsageError
+
+            raise UsageError(
+                f"planning with CUDA's autocast policy needs torch internals this torch {torch.__version__} lacks "
+                f"({err}); plan with --device cpu, or use torch 2.14"
+            ) from None
 
         with self:
             grads = _make_grads((loss,), (None,), is_grads_batched=False)
