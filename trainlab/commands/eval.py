@@ -4,6 +4,8 @@ trainlab eval knn --checkpoint runs/moco/ckpt/last.pt --data digits --image-size
 trainlab eval knn --checkpoint '' --arch resnet_debug --data digits      (random-init baseline)
 trainlab eval knn --features pixels --data digits                        (raw-pixel baseline)
 trainlab eval linear-probe --checkpoint checkpoint_0099.pth.tar --data cifar10 --image-size 32
+trainlab eval linear-probe --checkpoint CKPT --data image_folder --data-root /data/imagenet --image-size 224
+    (<root>/train/<class>/*, <root>/val/<class>/*: train RandomResizedCrop + flip, eval Resize + CenterCrop)
 """
 
 from __future__ import annotations

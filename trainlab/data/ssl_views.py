@@ -54,7 +54,7 @@ class ViewSpec:
     std: tuple[float, float, float] = IMAGENET_STD
 
 
-def _crop_box(rng: random.Random, height: int, width: int, crop_min: float) -> tuple[int, int, int, int]:
+def random_resized_crop_box(rng: random.Random, height: int, width: int, crop_min: float) -> tuple[int, int, int, int]:
     """torchvision's RandomResizedCrop.get_params with `rng`: (top, left, h, w)."""
     area = height * width
     log_ratio = (math.log(3 / 4), math.log(4 / 3))
@@ -79,7 +79,7 @@ def one_view(
     img_CHW: torch.Tensor, rng: random.Random, spec: ViewSpec, *, p_blur: float, p_solarize: float
 ) -> torch.Tensor:
     """One augmented view of a float image in [0, 1] (C, H, W), normalised; consumes `rng` in a fixed order."""
-    top, left, h, w = _crop_box(rng, img_CHW.shape[-2], img_CHW.shape[-1], spec.crop_min)
+    top, left, h, w = random_resized_crop_box(rng, img_CHW.shape[-2], img_CHW.shape[-1], spec.crop_min)
     x_CSS = TF.resized_crop(img_CHW, top, left, h, w, [spec.image_size, spec.image_size], antialias=True)
     x_CSS = x_CSS.clamp(0.0, 1.0)
     if rng.random() < 0.8:  # colour jitter, the four adjustments in a random order

@@ -4,8 +4,15 @@ The backbone (base encoder without its projector) is frozen in eval mode (its Ba
 frozen model of the engine); a linear classifier, init N(0, 0.01) and bias 0, is trained with SGD (momentum 0.9,
 weight decay 0), lr = base (ResNet 0.1, ViT 3) x batch / 256, cosine. After the first epoch (and every later one)
 a check asserts that no backbone weight or BN statistic changed. The final-epoch accuracy is the result; the best
-epoch only a labelled extra (choosing it uses the test set). Augmentation: none (in-memory digits / CIFAR-10 at
-the pretraining size), a deviation from the official RandomResizedCrop + flip at 224 px.
+epoch only a labelled extra (choosing it uses the test set).
+
+Data (`trainlab.data.probe_views`): `--data image_folder --data-root DIR` reads DIR/train/<class>/* and
+DIR/val/<class>/* (any number of classes, ImageNet mean / std) with the official transforms at side S =
+`--image-size`: train RandomResizedCrop(S, scale (0.08, 1)) + flip, drawn as a pure function of (seed, epoch, index);
+eval Resize(round(S * 256 / 224)) + CenterCrop(S). CIFAR-10 trains with the same RandomResizedCrop(32) + flip (the
+official transform at CIFAR size; the supervised RandomCrop(32, padding=4) is not used) and evaluates the 32 px test
+images as they are. `--augment false` turns the train augmentation off (the bundled digits never have one: their
+README numbers were measured without).
 Shape legend: B batch, F feature width, K classes.
 """
 
@@ -19,15 +26,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import option
+from trainlab.data.probe_views import ProbeFolder, ProbeTensorViews
+from trainlab.data.ssl_views import IMAGENET_MEAN, IMAGENET_STD
 from trainlab.data.tensors import NamedTensorDataset
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.models.moco import MoCo, MocoArch, infer_arch, read_moco_state
-from trainlab.recipes.moco import EvalImages, SslData, load_eval_images
+from trainlab.recipes.moco import EvalImages, SslData, load_eval_images, load_train_images, normalisation
 
 
 class Backbone(nn.Module):
@@ -60,9 +69,10 @@ class LinearProbeConfig(TrainConfig):
     run_dir: Path = option(Path("runs/linear-probe"), "output directory")
     checkpoint: str = option("", "MoCo checkpoint (official main_moco.py or trainlab ckpt/last.pt); '': random init")
     arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
-    data: SslData = option("digits", "digits or cifar10 (image folders: not yet)")
-    data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/")
-    image_size: int = option(16, "input side (the pretraining size; digits 8-32)")
+    data: SslData = option("digits", "digits, cifar10 or image_folder (data_root/train/<class>, data_root/val/<class>)")
+    data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image_folder: root")
+    image_size: int = option(16, "input side (the pretraining size; digits 8-32; official 224)")
+    augment: bool = option(True, "train RandomResizedCrop(S) + flip (cifar10, image_folder; digits never)")
     base_learning_rate: float = option(0.1, "lr per 256 images (official: ResNet 0.1, ViT 3)")
     batch_size: int = option(256, "global batch per optimizer step (official 1024)")
     epochs: int = option(90, "number of epochs (official 90)")
@@ -71,26 +81,49 @@ class LinearProbeConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.data == "image_folder":
-            raise UsageError("the linear probe reads digits or cifar10 for now; use --data digits or cifar10")
+        if self.data == "digits" and not 8 <= self.image_size <= 32:
+            raise UsageError(f"digits are 8 to 32 px; got --image-size {self.image_size}")
+        if self.image_size < 1:
+            raise UsageError(f"--image-size must be positive, got {self.image_size}")
 
 
 class LinearProbeRecipe(Recipe[LinearProbeConfig]):
     name = "linear-probe"
     config_class = LinearProbeConfig
-    resume_must_match = ("checkpoint", "data", "image_size")
+    resume_must_match = ("checkpoint", "data", "image_size", "augment")
 
     def __init__(self, config: LinearProbeConfig) -> None:
         super().__init__(config)
         self._images: EvalImages | None = None
+        self._folders: tuple[ProbeFolder, ProbeFolder] | None = None
         self._initial: dict[str, torch.Tensor] = {}
         self.source = ""
 
     def _data(self) -> EvalImages:
+        """Digits / CIFAR-10 in memory, normalised, no augmentation (the train split for un-augmented training)."""
         if self._images is None:
             c = self.config
             self._images = load_eval_images(c.data, c.data_root, c.image_size, c.seed, c.eval_subset)
         return self._images
+
+    def _folder_splits(self) -> tuple[ProbeFolder, ProbeFolder]:
+        """data_root/train (train transform) and data_root/val (eval transform); the class folders must match."""
+        if self._folders is None:
+            c = self.config
+            common = {"image_size": c.image_size, "seed": c.seed, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+            train = ProbeFolder(c.data_root / "train", train=c.augment, subset=c.eval_subset, **common)  # type: ignore[arg-type]
+            val = ProbeFolder(c.data_root / "val", train=False, subset=c.eval_subset, **common)  # type: ignore[arg-type]
+            if train.classes != val.classes:
+                raise UsageError(
+                    f"{c.data_root}: train/ has {len(train.classes)} class folders and val/ {len(val.classes)}, "
+                    "not the same names; the linear probe needs one class list"
+                )
+            self._folders = (train, val)
+        return self._folders
+
+    def num_classes(self) -> int:
+        """K: the class folders of an image folder, 10 for digits and CIFAR-10."""
+        return self._folder_splits()[0].num_classes if self.config.data == "image_folder" else 10
 
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
@@ -99,7 +132,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
         self._initial = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
         with torch.no_grad():
             width = backbone(torch.zeros(2, 3, c.image_size, c.image_size, device=device)).shape[1]
-        classifier = nn.Linear(width, 10).to(device)
+        classifier = nn.Linear(width, self.num_classes()).to(device)
         nn.init.normal_(classifier.weight, mean=0.0, std=0.01)
         nn.init.zeros_(classifier.bias)
         lr = c.base_learning_rate * c.batch_size / 256
@@ -111,6 +144,15 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
         )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
+        c = self.config
+        if c.data == "image_folder":
+            return self._folder_splits()[0]
+        if c.data == "cifar10" and c.augment:
+            images_N3HW, labels_N = load_train_images(c.data, c.data_root, c.image_size, c.seed)
+            if c.eval_subset > 0:
+                images_N3HW, labels_N = images_N3HW[: c.eval_subset], labels_N[: c.eval_subset]
+            mean, std = normalisation(c.data)
+            return ProbeTensorViews(images_N3HW, labels_N, image_size=c.image_size, seed=c.seed, mean=mean, std=std)
         images = self._data()
         return NamedTensorDataset(image=images.bank_N3HW, label=images.bank_labels_N)
 
@@ -131,15 +173,25 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
         # backbone weight or BatchNorm statistic changed.
         for key, value in backbone.state_dict().items():
             assert torch.equal(value, self._initial[key].to(value.device)), f"backbone {key} changed"
-        images = self._data()
+        batches: Any
+        if self.config.data == "image_folder":
+            val = self._folder_splits()[1]
+            batches = DataLoader(val, batch_size=256, shuffle=False, num_workers=self.config.num_workers)
+            total = len(val)
+        else:
+            images = self._data()
+            batches = (
+                {"image": images.query_N3HW[s : s + 512], "label": images.query_labels_N[s : s + 512]}
+                for s in range(0, images.query_N3HW.shape[0], 512)
+            )
+            total = int(images.query_N3HW.shape[0])
         dtype = next(classifier.parameters()).dtype
         correct = 0
         with torch.no_grad():
-            for start in range(0, images.query_N3HW.shape[0], 512):
-                x = images.query_N3HW[start : start + 512].to(device)
-                logits = classifier(backbone(x).to(dtype))
-                correct += int((logits.argmax(-1).cpu() == images.query_labels_N[start : start + 512]).sum())
-        return {"test_accuracy": correct / images.query_N3HW.shape[0]}
+            for batch in batches:
+                logits = classifier(backbone(batch["image"].to(device)).to(dtype))
+                correct += int((logits.argmax(-1).cpu() == batch["label"]).sum())
+        return {"test_accuracy": correct / total}
 
     def debug_config(self) -> LinearProbeConfig:
         return dataclasses.replace(
