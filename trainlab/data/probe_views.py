@@ -5,8 +5,8 @@ Eval:  Resize(round(S * 256 / 224)) on the shorter side (256 at S = 224) + Cente
 Resizing is bilinear with antialias on tensors, where the official code resizes PIL images (bilinear).
 
 Randomness: the train view of sample i in epoch e is a pure function of (seed, e, i): `augment_draws` gives two
-words; word 0 seeds a `random.Random` that places the crop (`ssl_views.random_resized_crop_box`, torchvision's get_params) and the
-low bit of word 1 is the flip (`decide_flip`). No global RNG, so resume and loader workers do not change the pixels.
+words; word 0 seeds a `random.Random` that places the crop (`ssl_views.random_resized_crop_box`, torchvision's
+get_params) and the low bit of word 1 is the flip (`decide_flip`). No global RNG, so resume and loader workers do not change the pixels.
 
 Shape legend: C channels (3), H/W pixels, S output side, N images.
 """
