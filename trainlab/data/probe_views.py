@@ -6,7 +6,8 @@ Resizing is bilinear with antialias on tensors, where the official code resizes 
 
 Randomness: the train view of sample i in epoch e is a pure function of (seed, e, i): `augment_draws` gives two
 words; word 0 seeds a `random.Random` that places the crop (`ssl_views.random_resized_crop_box`, torchvision's
-get_params) and the low bit of word 1 is the flip (`decide_flip`). No global RNG, so resume and loader workers do not change the pixels.
+get_params) and the low bit of word 1 is the flip (`decide_flip`). No global RNG, so resume and loader workers
+do not change the pixels.
 
 Shape legend: C channels (3), H/W pixels, S output side, N images.
 """
