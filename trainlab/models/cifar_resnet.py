@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
+from trainlab.models.checkpointing import checkpoint_stage
 from trainlab.models.registry import register_model
 
 Block = type[BasicBlock] | type[Bottleneck]
@@ -59,6 +60,7 @@ class CifarResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.num_features = self._channels
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.activation_checkpointing = False  # recompute each stage in backward (training only; the recipe sets it)
 
     def _make_stage(self, block: Block, width: int, count: int, *, stride: int) -> nn.Sequential:
         out_channels = width * block.expansion
@@ -76,10 +78,10 @@ class CifarResNet(nn.Module):
     def forward_features(self, img_B3HW: torch.Tensor) -> torch.Tensor:
         """Returns the last stage's feature map, (B, num_features, H/8, W/8)."""
         x_BCHW = self.relu(self.bn1(self.conv1(img_B3HW)))
-        x_BCHW = self.layer1(x_BCHW)
-        x_BCHW = self.layer2(x_BCHW)
-        x_BCHW = self.layer3(x_BCHW)
-        return self.layer4(x_BCHW)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            x_BCHW = checkpoint_stage(stage, x_BCHW) if recompute else stage(x_BCHW)
+        return x_BCHW
 
     def forward_head(self, x_BCHW: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
         """Pools a feature map to (B, num_features), then (unless `pre_logits`) applies the classifier."""

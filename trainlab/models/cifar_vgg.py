@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from trainlab.models.checkpointing import checkpoint_stage
 from trainlab.models.registry import register_model
 
 # An int is a conv3x3-BN-ReLU with that many output channels; "M" is a 2x2 max-pool.
@@ -58,10 +59,20 @@ class CifarVGG(nn.Module):
         self.features = nn.Sequential(*modules)
         self.num_features = channels
         self.classifier: nn.Module = nn.Linear(channels, num_classes) if num_classes > 0 else nn.Identity()
+        # the blocks `features` is cut into for --activation-checkpointing: each ends with a max-pool
+        ends = [i + 1 for i, m in enumerate(modules) if isinstance(m, nn.MaxPool2d)]
+        starts = [0, *ends]
+        self._block_bounds = [(a, b) for a, b in zip(starts, [*ends, len(modules)], strict=True) if b > a]
+        self.activation_checkpointing = False  # recompute each block in backward (training only; the recipe sets it)
 
     def forward_features(self, img_B3HW: torch.Tensor) -> torch.Tensor:
         """Returns the feature map after the last max-pool, (B, num_features, H/32, W/32)."""
-        return self.features(img_B3HW)
+        if not (self.activation_checkpointing and self.training and torch.is_grad_enabled()):
+            return self.features(img_B3HW)
+        x_BCHW = img_B3HW
+        for start, end in self._block_bounds:
+            x_BCHW = checkpoint_stage(self.features[start:end], x_BCHW)
+        return x_BCHW
 
     def forward_head(self, x_BCHW: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
         """Flattens the (1x1 for 32x32 inputs) feature map to (B, C), then (unless `pre_logits`) classifies."""

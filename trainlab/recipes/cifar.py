@@ -23,6 +23,8 @@ from trainlab.data.fake_cifar import write_fake_cifar10
 from trainlab.engine.metrics import progress
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
+from trainlab.models.cifar_resnet import CifarResNet
+from trainlab.models.cifar_vgg import CifarVGG
 from trainlab.models.registry import create_model, list_models
 
 
@@ -59,6 +61,7 @@ class CifarRecipe(Recipe[CifarConfig]):
     best_metric = "test_accuracy"
     best_mode = "max"
     resume_may_change = ("data_root", "download", "eval_batch_size")
+    supports_activation_checkpointing = True  # per ResNet stage / per VGG block between max-pools
 
     def __init__(self, config: CifarConfig) -> None:
         super().__init__(config)
@@ -76,6 +79,8 @@ class CifarRecipe(Recipe[CifarConfig]):
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         model = create_model(c.model, num_classes=10).to(device)
+        assert isinstance(model, CifarResNet | CifarVGG), type(model)
+        model.activation_checkpointing = c.activation_checkpointing
         optimizer = torch.optim.SGD(
             model.parameters(), lr=c.learning_rate, momentum=c.momentum, weight_decay=c.weight_decay
         )

@@ -194,6 +194,7 @@ class MocoRecipe(Recipe[MocoConfig]):
     name = "moco"
     config_class = MocoConfig
     resume_must_match = ("arch", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optimizer")
+    supports_activation_checkpointing = True  # per ViT block / per ResNet stage
 
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
@@ -213,6 +214,7 @@ class MocoRecipe(Recipe[MocoConfig]):
             image_size=c.image_size,
             stop_grad_conv1=c.stop_grad_conv1,
         )
+        model.set_activation_checkpointing(c.activation_checkpointing)
         if dist.world_size() > 1:
             model.gather_keys = dist.gather_keys
             if c.sync_batchnorm and device.type == "cuda":

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainlab.models.moco.resnet import RESNET_ARCHS, make_resnet, resnet_features
+from trainlab.models.moco.resnet import RESNET_ARCHS, make_resnet, resnet_features, resnet_forward_checkpointed
 from trainlab.models.moco.vit import VIT_SIZES, make_vit, vit_features
 
 MocoArch = Literal[
@@ -135,9 +135,32 @@ class MoCo(nn.Module):
         self.base_encoder: nn.Module = base
         self.momentum_encoder: nn.Module = momentum_encoder
         self.predictor = predictor  # registered after the encoders: the official state_dict order
+        self.activation_checkpointing = False  # see `set_activation_checkpointing`
         for param_b, param_m in zip(self.base_encoder.parameters(), self.momentum_encoder.parameters(), strict=True):
             param_m.data.copy_(param_b.data)
             param_m.requires_grad = False
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Recompute in backward: each ViT block (timm's `set_grad_checkpointing` on both encoders; the momentum
+        encoder runs without gradients, where it saves nothing) or each ResNet stage of the base encoder (in
+        training with gradients only; BatchNorm statistics are updated once, as without)."""
+        from timm.models.vision_transformer import VisionTransformer
+
+        self.activation_checkpointing = enabled
+        if self.is_vit:
+            for encoder in (self.base_encoder, self.momentum_encoder):
+                assert isinstance(encoder, VisionTransformer), type(encoder)
+                encoder.set_grad_checkpointing(enabled)
+
+    def encode(self, encoder: nn.Module, x_BCHW: torch.Tensor) -> torch.Tensor:
+        """`encoder(x_BCHW)`, with the ResNet stages checkpointed when that is on and gradients are recorded."""
+        from torchvision.models.resnet import ResNet
+
+        if not self.is_vit and self.activation_checkpointing and self.training and torch.is_grad_enabled():
+            assert isinstance(encoder, ResNet), type(encoder)
+            return resnet_forward_checkpointed(encoder, x_BCHW)
+        out: torch.Tensor = encoder(x_BCHW)
+        return out
 
     def update_momentum_encoder(self, momentum: float) -> None:
         """theta_k <- m * theta_k + (1 - m) * theta_q (parameters only)."""
@@ -149,8 +172,8 @@ class MoCo(nn.Module):
     def forward(self, x1_BCHW: torch.Tensor, x2_BCHW: torch.Tensor, momentum: float | None = None) -> torch.Tensor:
         """The symmetric loss of two views. With `momentum`, the momentum update runs between queries and keys
         (the official order); with None it is left to the caller (once per optimizer step)."""
-        q1_BD = self.predictor(self.base_encoder(x1_BCHW))
-        q2_BD = self.predictor(self.base_encoder(x2_BCHW))
+        q1_BD = self.predictor(self.encode(self.base_encoder, x1_BCHW))
+        q2_BD = self.predictor(self.encode(self.base_encoder, x2_BCHW))
         with torch.no_grad():
             if momentum is not None:
                 self.update_momentum_encoder(momentum)

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet, resnet18, resnet50
 
+from trainlab.models.checkpointing import checkpoint_stage
+
 RESNET_ARCHS = ("resnet50", "resnet18_cifar", "resnet_debug")
 _DEBUG_WIDTHS = (8, 16, 32, 64)
 
@@ -61,3 +63,11 @@ def resnet_features(encoder: ResNet, x_BCHW: torch.Tensor) -> torch.Tensor:
     x = encoder.maxpool(encoder.relu(encoder.bn1(encoder.conv1(x_BCHW))))
     x = encoder.layer4(encoder.layer3(encoder.layer2(encoder.layer1(x))))
     return torch.flatten(encoder.avgpool(x), 1)
+
+
+def resnet_forward_checkpointed(encoder: ResNet, x_BCHW: torch.Tensor) -> torch.Tensor:
+    """torchvision's `ResNet.forward`, each stage checkpointed (recomputed in backward, BN statistics updated once)."""
+    x = encoder.maxpool(encoder.relu(encoder.bn1(encoder.conv1(x_BCHW))))
+    for stage in (encoder.layer1, encoder.layer2, encoder.layer3, encoder.layer4):
+        x = checkpoint_stage(stage, x)
+    return encoder.fc(torch.flatten(encoder.avgpool(x), 1))
