@@ -69,10 +69,10 @@ class LinearProbeConfig(TrainConfig):
     run_dir: Path = option(Path("runs/linear-probe"), "output directory")
     checkpoint: str = option("", "MoCo checkpoint (official main_moco.py or trainlab ckpt/last.pt); '': random init")
     arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
-    data: SslData = option("digits", "digits, cifar10 or image_folder (data_root/train/<class>, data_root/val/<class>)")
-    data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image_folder: root")
+    data: SslData = option("digits", "digits, cifar10 or image-folder (data_root/train/<class>, data_root/val/<class>)")
+    data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: root")
     image_size: int = option(16, "input side (the pretraining size; digits 8-32; official 224)")
-    augment: bool = option(True, "train RandomResizedCrop(S) + flip (cifar10, image_folder; digits never)")
+    augment: bool = option(True, "train RandomResizedCrop(S) + flip (cifar10, image-folder; digits never)")
     base_learning_rate: float = option(0.1, "lr per 256 images (official: ResNet 0.1, ViT 3)")
     batch_size: int = option(256, "global batch per optimizer step (official 1024)")
     epochs: int = option(90, "number of epochs (official 90)")
@@ -123,7 +123,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
 
     def num_classes(self) -> int:
         """K: the class folders of an image folder, 10 for digits and CIFAR-10."""
-        return self._folder_splits()[0].num_classes if self.config.data == "image_folder" else 10
+        return self._folder_splits()[0].num_classes if self.config.data == "image-folder" else 10
 
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
@@ -145,7 +145,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
-        if c.data == "image_folder":
+        if c.data == "image-folder":
             return self._folder_splits()[0]
         if c.data == "cifar10" and c.augment:
             images_N3HW, labels_N = load_train_images(c.data, c.data_root, c.image_size, c.seed)
@@ -174,7 +174,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
         for key, value in backbone.state_dict().items():
             assert torch.equal(value, self._initial[key].to(value.device)), f"backbone {key} changed"
         batches: Any
-        if self.config.data == "image_folder":
+        if self.config.data == "image-folder":
             val = self._folder_splits()[1]
             batches = DataLoader(val, batch_size=256, shuffle=False, num_workers=self.config.num_workers)
             total = len(val)

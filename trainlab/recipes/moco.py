@@ -35,7 +35,7 @@ from trainlab.evaluate.knn import extract_features, knn_accuracy
 from trainlab.models.moco import MOCO_ARCHS, MoCo, MocoArch, cosine_momentum, official_checkpoint
 from trainlab.optim import LARS
 
-SslData = Literal["digits", "cifar10", "image_folder"]
+SslData = Literal["digits", "cifar10", "image-folder"]
 OptimizerName = Literal["lars", "adamw"]
 
 
@@ -45,9 +45,9 @@ class MocoConfig(TrainConfig):
 
     run_dir: Path = option(Path("runs/moco"), "output directory")
     arch: MocoArch = option("resnet18_cifar", "backbone: " + ", ".join(MOCO_ARCHS))
-    data: SslData = option("cifar10", "digits (bundled, CPU), cifar10 (data_root/cifar-10-batches-py) or image_folder")
+    data: SslData = option("cifar10", "digits (bundled, CPU), cifar10 (data_root/cifar-10-batches-py) or image-folder")
     data_root: Path = option(
-        Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image_folder: train/, val/"
+        Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: train/, val/"
     )
     train_subset: int = option(0, "N > 0: train on the first N training images only (debug)")
     image_size: int = option(32, "view side in pixels (official 224; CIFAR 32; digits 8-32)")
@@ -232,7 +232,7 @@ class MocoRecipe(Recipe[MocoConfig]):
         c = self.config
         mean, std = normalisation(c.data)
         spec = ViewSpec(image_size=c.image_size, crop_min=c.crop_min, blur=c.blur, mean=mean, std=std)
-        if c.data == "image_folder":
+        if c.data == "image-folder":
             from trainlab.data.ssl_views import FolderTwoViews
 
             return FolderTwoViews(c.data_root / "train", spec, seed=c.seed)
@@ -269,7 +269,7 @@ class MocoRecipe(Recipe[MocoConfig]):
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
         c = self.config
-        if c.data == "image_folder" and c.eval_subset <= 0:
+        if c.data == "image-folder" and c.eval_subset <= 0:
             return {}  # a kNN bank of a whole ImageNet-size folder is left to `trainlab eval knn`
         if self._eval_images is None:
             self._eval_images = load_eval_images(c.data, c.data_root, c.image_size, c.seed, c.eval_subset)
