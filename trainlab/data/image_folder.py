@@ -233,25 +233,32 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
             detail = " ".join(str(err).split())[:120]
             log.warning("skipping unreadable image %s (%s: %s)", self.root / rel, type(err).__name__, detail)
 
+    def _position(self, index: int) -> int:
+        """The listing position of sample `index` (subclasses may show a subset of the listing)."""
+        return index
+
+    def _transform(self, img: Image.Image, index: int) -> torch.Tensor:
+        """Resize, crop and flip one decoded image (sample `index`'s draws for the current epoch)."""
+        draws = (
+            augment_draws(self.seed, self.epoch, index) if (self.crop == "random" or self.flip == "random") else (0, 0)
+        )
+        return preprocess(img, self.image_size, crop=self.crop, flip=self.flip, draws=draws)
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        n = len(self)
+        n = len(self.index.files)
+        first = self._position(index)
         for offset in range(MAX_CONSECUTIVE_UNREADABLE):
-            position = (index + offset) % n
+            position = (first + offset) % n
             try:
                 img = self._load(position)
             except Exception as err:  # any decoder failure of a user's file is a skip, never a crash mid-epoch
                 self._count_skip(position, err)
                 continue
-            draws = (
-                augment_draws(self.seed, self.epoch, index)
-                if (self.crop == "random" or self.flip == "random")
-                else (0, 0)
-            )
-            image = preprocess(img, self.image_size, crop=self.crop, flip=self.flip, draws=draws)
-            return {"image": image, "label": torch.tensor(self.index.files[position][1], dtype=torch.int64)}
+            label = torch.tensor(self.index.files[position][1], dtype=torch.int64)
+            return {"image": self._transform(img, index), "label": label}
         raise UsageError(
             f"{MAX_CONSECUTIVE_UNREADABLE} unreadable images in a row in {self.root} from "
-            f"{self.index.files[index][0]}; check the dataset copy (truncated download?)"
+            f"{self.index.files[first][0]}; check the dataset copy (truncated download?)"
         )
 
     def describe(self) -> dict[str, Any]:

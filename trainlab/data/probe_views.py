@@ -25,9 +25,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter, augment_draws, decide_flip
-from trainlab.data.image_folder import MAX_CONSECUTIVE_UNREADABLE, FolderIndex, ImageFolderDataset
+from trainlab.data.image_folder import FolderIndex, ImageFolderDataset
 from trainlab.data.ssl_views import random_resized_crop_box
-from trainlab.errors import UsageError
 
 CROP_MIN = 0.08  # RandomResizedCrop's default scale (0.08, 1), as main_lincls.py uses it
 EVAL_RESIZE_RATIO = 256 / 224  # Resize(256) + CenterCrop(224)
@@ -152,30 +151,10 @@ class ProbeFolder(ImageFolderDataset):
             )
         return probe_eval_view(x_CHW, self.image_size, mean=self.mean, std=self.std)
 
+    def _position(self, index: int) -> int:
+        return self.positions[index]
+
     def describe(self) -> dict[str, Any]:
         """What identifies this dataset's content and transform."""
-        return {
-            "kind": "image-folder",
-            "size": len(self),
-            "num_classes": self.num_classes,
-            "listing_sha256": self.index.listing_sha256(),
-            "image_size": self.image_size,
-            "transform": "linear-probe train" if self.train else "linear-probe eval",
-        }
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        n = len(self.index.files)
-        first = self.positions[index]
-        for offset in range(MAX_CONSECUTIVE_UNREADABLE):
-            position = (first + offset) % n
-            try:
-                img = self._load(position)
-            except Exception as err:  # any decoder failure of a user's file is a skip, never a crash mid-epoch
-                self._count_skip(position, err)
-                continue
-            label = torch.tensor(self.index.files[position][1], dtype=torch.int64)
-            return {"image": self._transform(img, index), "label": label}
-        raise UsageError(
-            f"{MAX_CONSECUTIVE_UNREADABLE} unreadable images in a row in {self.root} from "
-            f"{self.index.files[first][0]}; check the dataset copy (truncated download?)"
-        )
+        content = {k: v for k, v in super().describe().items() if k not in ("crop", "flip")}
+        return {**content, "transform": "linear-probe train" if self.train else "linear-probe eval"}
