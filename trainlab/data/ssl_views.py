@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +120,7 @@ def two_views(
     return view1, view2
 
 
-class TwoViewDataset(Dataset[dict[str, torch.Tensor]]):
+class TwoViewDataset(Dataset[dict[str, torch.Tensor]], ABC):
     """Images as `{"view1": (3, S, S), "view2": (3, S, S), "label": int64}` (the label only for monitoring).
 
     Subclasses provide `_image(index)`: float32 (3, H, W) in [0, 1]. Call `set_epoch` before each epoch.
@@ -133,11 +134,13 @@ class TwoViewDataset(Dataset[dict[str, torch.Tensor]]):
     def set_epoch(self, epoch: int) -> None:
         self._epoch.set(epoch)
 
+    @abstractmethod
     def _image(self, index: int) -> torch.Tensor:
-        raise NotImplementedError
+        """Sample `index` as float32 (3, H, W) in [0, 1]."""
 
+    @abstractmethod
     def _label(self, index: int) -> torch.Tensor:
-        raise NotImplementedError
+        """Sample `index`'s class id (int64 scalar), for monitoring only."""
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         view1, view2 = two_views(self._image(index), self.spec, seed=self.seed, epoch=self._epoch.get(), index=index)
