@@ -160,20 +160,19 @@ class CheckpointStore:
             shutil.copyfile(src, tmp)
         os.replace(tmp, dst)
 
-    def load_latest(self, load: Any = None) -> tuple[dict[str, Any], Path]:
+    def load_latest(self) -> tuple[dict[str, Any], Path]:
         """The newest readable checkpoint: `last.pt`, else the kept saves newest first (with a warning).
 
         Raises:
             UsageError: nothing readable.
         """
-        load = load or load_checkpoint
         candidates = [self.last, *reversed(self.history())]
         errors = []
         for path in candidates:
             if not path.is_file():
                 continue
             try:
-                state = load(path)
+                state = load_checkpoint(path)
             except UsageError as err:
                 errors.append(str(err))
                 log.warning("%s is unreadable (%s); trying an older checkpoint", path, str(err)[:160])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -345,8 +346,6 @@ class Trainer:
         self._load_state(state, path)
 
     def _clear_outputs(self) -> None:
-        import shutil
-
         self.store.clear()
         (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
         (self.run_dir / WANDB_RUN_ID_FILE).unlink(missing_ok=True)

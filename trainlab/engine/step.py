@@ -137,7 +137,8 @@ class StepRunner:
         scaler.unscale_(phase.optimizer)
         clip = self.clip_grad_norm if phase.clip_grad_norm is None else phase.clip_grad_norm
         norm, finite = grad_norm_(params, clip)
-        loss = float(sums["loss"])
+        metrics = {key: float(value) for key, value in sums.items()}
+        loss = metrics["loss"]
         if scaler.policy == "none" and not (finite and math.isfinite(loss)):
             phase.optimizer.zero_grad(set_to_none=True)
             raise TrainingStopped(
@@ -147,7 +148,6 @@ class StepRunner:
             )
         stepped = scaler.step(phase.optimizer, finite)
         phase.optimizer.zero_grad(set_to_none=True)
-        metrics = {key: float(value) for key, value in sums.items()}
         metrics.update(self.recipe.after_optimizer_step(models, phase.name, info))
         metrics["grad_norm"] = norm if finite else float("nan")
         metrics["skipped"] = 0.0 if stepped else 1.0
