@@ -6,6 +6,7 @@ process group: `world_size()` is 1 and collectives are identities when none exis
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -80,10 +81,18 @@ def exit_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def cleanup() -> None:
-    """Destroy the process group if there is one."""
-    if is_initialized():
-        torch_dist.destroy_process_group()
+def cleanup(synchronize: bool = False) -> None:
+    """Destroy the process group if there is one.
+
+    `synchronize=True` (after a run every rank finished) first waits for every rank, so no rank tears down its
+    transport while another is still saving or in a collective; after a failure it is skipped (a barrier could hang).
+    """
+    if not is_initialized():
+        return
+    if synchronize:
+        torch_dist.barrier()
+    gc.collect()  # release process-group references held by dropped DDP wrappers and pending work first
+    torch_dist.destroy_process_group()
 
 
 def barrier() -> None:

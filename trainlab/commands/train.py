@@ -116,6 +116,8 @@ def main(argv: list[str]) -> int:
         trainer = Trainer(recipe)
         result = trainer.fit()
         is_main = dist.is_main()  # read before cleanup(): afterwards every rank looks like rank 0
+        del trainer  # its DDP wrappers hold the process group: drop them before it is destroyed
+        dist.cleanup(synchronize=True)
     except UsageError:
         raise
     except Exception:
