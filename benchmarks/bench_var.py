@@ -1,42 +1,41 @@
-"""CPU benchmark of VAR (fp32, 2 threads): sampling, and training steps as `trainlab train var` runs them, each
-next to an official-style baseline (interleaved round by round, so machine load hits all variants alike).
+"""CPU benchmark of VAR (fp32, 2 threads): training steps as `trainlab train var` runs them, side by side with the
+official trainer's step written out from ../shared/reference/var.md (interleaved round by round, so machine load hits
+all variants alike); and token sampling against the official sampling arithmetic.
 
     .venv/bin/python benchmarks/bench_var.py --label idlemachine      # all cases; JSON result in results/
-    .venv/bin/python benchmarks/bench_var.py --case train_d4 --repeats 1 --train-images 8 --json ''   # smoke run
+    .venv/bin/python benchmarks/bench_var.py --case train_d4 --repeats 1 --json ''   # smoke run
 
-Cases (random weights with the official init; the reference timings of the official code on the 2-core development
-machine are in ../shared/reference/var.md section 6, copied into `OFFICIAL_SECONDS`):
-  sample_d4  d4, B=4 labels, cfg=1.5, top_k=900, top_p=0.95, seed 0; VAR + sampling + f_hat, no VQVAE decode
-             (official: 1.06 s). Ours = `models.var.sample.generate`; the baseline follows the official algorithm:
-             concatenating KV cache, head on 2B rows then CFG on logits, full-vocabulary sort for top-p,
-             `torch.multinomial`. Both must give identical tokens.
-  train_d4 / train_d8  B=8 training steps at 256 px (L = 680 tokens, V = 4096, code width 32), three variants:
-    `trainlab train var`  THE NUMBER FOR THE RECIPE: the real command, run as a subprocess per round with
-             `--dataset fake --batch-size 8 --epochs 2 --use-token-cache true` and a randomly initialised
-             official-architecture tokenizer (ch=160, `--tokenizer-config official`, exported to the work folder:
-             the command needs a weights file). Seconds per optimizer step = batch / the `images_per_second` of the
-             `summary` row of its metrics.jsonl (the engine times the training loop only and excludes epoch 1; the
-             token cache is built before it, once for all rounds). Everything the recipe and engine do per step is
-             in it: teacher-forcing input from the cached tokens, forward, `F.cross_entropy`, token metrics,
-             backward, grad-norm clip 2.0, AdamW (not fused on CPU: the recipe fuses only on CUDA), schedule,
-             logging. Official reference for this work, tokens precomputed: 1.82 s / 10.28 s.
-             With `--train-tokens encoded` the command encodes every batch with the ch=160 tokenizer instead (its
-             default, no token cache); the official reference for that is one full `train_step` with tokenisation,
-             15.7 s / 20.3 s (single runs).
-    baseline  in process: the official op sequence (one SDPA call with the full L x L additive mask, F.normalize,
-             in-place gamma multiply, per-sample lvl_embed lookup) + CE (1/L weights) + backward + clip 2.0 + fused
-             AdamW, on precomputed teacher-forcing input: the workload of the official reference timing.
-    model    in process: trainlab's VAR model in the same step as the baseline (same loss, same fused AdamW), to
-             isolate the model's share of the difference.
-Timing: in-process variants get one warm-up step, then `--repeats` rounds run baseline, model and the command,
-alternating the order round by round; medians (and minima) reported. Sampling: one warm-up each, then `--repeats`
-rounds interleaving baseline and ours.
+Training cases train_d4 / train_d8 / train_d16: B=8 images at 256 px (L = 680 tokens, V = 4096, code width 32), the
+tokenizer re-encoding every batch as the official trainer does. Tokenizer (`--tokenizer`): `ch32` (default) is the
+official architecture at base width 32 (the weights of ../shared/fixtures/var_official_d4.pt when present, else a
+seeded random init), so that the encoder does not drown the transformer on a 2-core CPU; `ch160` is the released
+architecture (random init), where the encoder is ~13 s of each step. Variants:
+  official   in process, the official `VARTrainer.train_step` (var.md section 3.1) as it runs: `img_to_idxBl` +
+             `idxBl_to_var_input` with the official arithmetic (NCHW convolutions, bmm attention in the encoder), the
+             official VAR forward (one SDPA call with the full L x L additive mask, F.normalize, per-sample lvl_embed
+             lookup), per-token `F.cross_entropy` x 1/L, the argmax for its accuracy log, backward, clip 2.0 and a
+             fused AdamW step (official afuse default True), betas (0.9, 0.95), weight decay 0.05.
+  command    THE NUMBER FOR USERS: the real `trainlab train var` run as a subprocess per round with `--dataset fake
+             --batch-size 8 --epochs 2` and the same tokenizer weights, re-encoding every batch (its default).
+             Seconds per optimizer step = batch / the `images_per_second` of the `summary` row of its metrics.jsonl
+             (the engine times the training loop only and excludes epoch 1). Everything the recipe and engine do per
+             step is in it: data loading, encode, teacher-forcing input, forward, loss, metrics, backward, clip,
+             AdamW, schedule, logging.
+  cached     the same command with `--use-token-cache true` (tokens encoded once, before training, from a center
+             crop: no random crop per epoch; the cache is built once for all rounds and excluded from the timing).
+Each in-process variant gets one warm-up step; the rounds alternate the variants' order; medians (and minima) are
+reported, and the official step's encode share. Sampling case sample_d4: d4, B=4 labels, cfg 1.5, top-k 900,
+top-p 0.95, seed 0, VAR + sampling + f_hat without the VQVAE decode; ours = `models.var.sample.generate`, baseline =
+the official algorithm (concatenating KV cache, head on 2B rows then CFG on logits, full-vocabulary sort for top-p,
+`torch.multinomial`); both must give identical tokens. The whole `trainlab sample` process, decode included, is
+benchmarks/bench_var_sample.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -55,17 +54,16 @@ import torch.nn.functional as F
 from _env import environment, result_path, settings, write_result
 
 from trainlab.models.var.blocks import MAX_LOG_SCALE_MUL, AdaLNSelfAttn, SelfAttention
-from trainlab.models.var.loading import export_official
+from trainlab.models.var.loading import export_official, load_tokenizer
 from trainlab.models.var.sample import filter_top_k_top_p_, generate
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
 # Shape legend: B batch, L tokens, l tokens of one scale, C width, H heads, K head dim, V vocab, Cv code width.
 
-# Official code on the 2-core development machine (../shared/reference/var.md section 6); training: tokens precomputed.
-OFFICIAL_SECONDS = {"sample_d4": 1.06, "train_d4": 1.82, "train_d8": 10.28}
-# Same source: one full official `VARTrainer.train_step` (tokenisation with the ch=160 encoder + VAR step), single run.
-OFFICIAL_FULL_STEP_SECONDS = {"train_d4": 15.7, "train_d8": 20.3}
+# The official code's own timing on the 2-core development machine (../shared/reference/var.md section 6): a slower
+# day of the same machine; it says which way to look, the in-process baseline is the comparison.
+OFFICIAL_SECONDS = {"sample_d4": 1.06}
 BATCH = 8
 COMMAND = "trainlab train var"
 
@@ -187,22 +185,38 @@ def case_sample(repeats: int) -> tuple[dict[str, list[float]], str]:
 
 
 # ------------------------------------------------------------------------------ `trainlab train var` as run
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "var_official_d4.pt"
+
+
+def write_tokenizer(work: Path, kind: str) -> tuple[Path, str]:
+    """The tokenizer weights file both sides use (official format) and where they come from."""
+    path = work / f"tokenizer_{kind}.pth"
+    if kind == "ch32" and FIXTURE.is_file():
+        source = "ch=32 VQVAE of ../shared/fixtures/var_official_d4.pt (official code's weights)"
+        if not path.exists():
+            torch.save(torch.load(FIXTURE, weights_only=False)["vae_state_dict"], path)
+        return path, source
+    cfg = VQVAEConfig.official()
+    if kind == "ch32":
+        cfg = dataclasses.replace(cfg, ch=32)
+    if not path.exists():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            export_official(VQVAE(cfg), path)
+    return path, f"ch={cfg.ch} VQVAE, random init (seed 0)"
+
+
 class TrainVarCommand:
     """Runs the real `trainlab train var` command in a subprocess and reads its seconds per optimizer step.
 
-    `work` holds the tokenizer weights, the token cache (built by the first run and reused by the rest: its
-    fingerprint does not depend on the depth) and the run directories (deleted after each run: checkpoints are big).
+    `work` holds the tokenizer weights, the token cache (built by the first cached run and reused by the rest: its
+    fingerprint does not depend on the depth) and the run directories (deleted after each run).
     """
 
-    def __init__(self, work: Path, args: argparse.Namespace) -> None:
-        self.work, self.args, self.runs = work, args, 0
-        self.tokenizer = work / "tokenizer_ch160_random.pth"
-        if not self.tokenizer.exists():
-            with torch.random.fork_rng(devices=[]):  # the in-process variants' initialisation stays as it was
-                torch.manual_seed(0)
-                export_official(VQVAE(VQVAEConfig.official()), self.tokenizer)
+    def __init__(self, work: Path, tokenizer: Path, args: argparse.Namespace) -> None:
+        self.work, self.tokenizer, self.args, self.runs = work, tokenizer, args, 0
 
-    def argv(self, depth: int, run_dir: Path) -> list[str]:
+    def argv(self, depth: int, run_dir: Path, cached: bool) -> list[str]:
         a = self.args
         flags: dict[str, object] = {
             "--run-dir": run_dir,
@@ -214,12 +228,10 @@ class TrainVarCommand:
             "--dataset": "fake",
             "--fake-num-images": a.train_images,
             "--tokenizer": self.tokenizer,
-            "--tokenizer-config": "official",
-            "--use-token-cache": a.train_tokens == "cached",
+            "--use-token-cache": cached,
         }
-        if a.train_tokens == "cached":
-            # one cache per image count: a cache built for another --train-images would be refused as stale
-            flags["--token-cache-path"] = self.work / f"token_cache_{a.train_images}images"
+        if cached:  # one cache per image count: a cache built for another --train-images would be refused as stale
+            flags["--token-cache-path"] = self.work / f"token_cache_{self.tokenizer.stem}_{a.train_images}images"
         flags.update(
             {
                 "--eval-batch-size": BATCH,  # also the encoder's batch while the cache is built (bounded memory)
@@ -234,27 +246,28 @@ class TrainVarCommand:
             out += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
         return out
 
-    def shown(self, depth: int) -> str:
+    def shown(self, depth: int, cached: bool) -> str:
         """The command as a user types it, with the work folder written $WORK."""
-        argv = self.argv(depth, self.work / f"run_d{depth}")
+        argv = self.argv(depth, self.work / f"run_d{depth}", cached)
         return shlex.join(["trainlab", *argv[3:]]).replace(str(self.work), "$WORK")
 
-    def seconds_per_step(self, depth: int) -> tuple[float, dict[str, Any]]:
+    def seconds_per_step(self, depth: int, cached: bool) -> tuple[float, dict[str, Any]]:
         run_dir = self.work / f"run_d{depth}_{self.runs}"
         self.runs += 1
         threads = str(self.args.threads)
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         t0 = time.perf_counter()
-        proc = subprocess.run(self.argv(depth, run_dir), env=env, capture_output=True, text=True, check=False)
+        proc = subprocess.run(self.argv(depth, run_dir, cached), env=env, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.splitlines()[-15:])
-            raise SystemExit(f"`{self.shown(depth)}` failed with exit code {proc.returncode}:\n{tail}")
+            raise SystemExit(f"`{self.shown(depth, cached)}` failed with exit code {proc.returncode}:\n{tail}")
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         summary = [row for row in rows if row["kind"] == "summary"][-1]
         shutil.rmtree(run_dir)
         seconds = BATCH / summary["images_per_second"]  # = seconds_per_epoch / steps per epoch
         record = {
+            "cached_tokens": cached,
             "seconds_per_step": seconds,
             "seconds_per_epoch": summary["seconds_per_epoch"],
             "epochs_timed": summary["epochs_timed"],
@@ -263,55 +276,76 @@ class TrainVarCommand:
         return seconds, record
 
 
-def case_train(
-    depth: int, repeats: int, command: TrainVarCommand
-) -> tuple[dict[str, list[float]], str, list[dict[str, Any]]]:
-    torch.manual_seed(0)
-    var = VAR(VARConfig.from_depth(depth)).train()
-    B, L = BATCH, var.seq_len
-    x_BLCv = torch.randn(B, L - 1, var.cfg.vae_embed_dim)
-    label_B, gt_BL = torch.randint(0, 1000, (B,)), torch.randint(0, var.vocab_size, (B, L))
-    opt = torch.optim.AdamW(var.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.05, fused=True)
-
-    def loss_fn(logits_BLV: torch.Tensor, target_BL: torch.Tensor) -> torch.Tensor:
-        """The official loss, as the recipe computes it: per-token F.cross_entropy, weights 1/L, batch mean."""
-        ce_BL = F.cross_entropy(logits_BLV.view(-1, var.vocab_size), target_BL.view(-1), reduction="none")
-        return ce_BL.view(B, L).mul(1.0 / L).sum(dim=-1).mean()
-
-    def step(forward: Callable[[], torch.Tensor]) -> Callable[[], float]:
-        def timed() -> float:
-            t0 = time.perf_counter()
-            loss_fn(forward(), gt_BL).backward()
-            torch.nn.utils.clip_grad_norm_(var.parameters(), 2.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return time.perf_counter() - t0
-
-        return timed
-
-    var.eval()
+def official_train_step(
+    var: VAR, vqvae: VQVAE, opt: torch.optim.Optimizer, img_B3HW: torch.Tensor, label_B: torch.Tensor
+) -> tuple[float, float]:
+    """One official `VARTrainer.train_step` (var.md 3.1), fp32; returns (seconds, of which tokenisation)."""
+    t0 = time.perf_counter()
     with torch.no_grad():
-        ref_BLV, ours_BLV = baseline_forward(var, label_B, x_BLCv, 0.0), var(label_B, x_BLCv, cond_drop_rate=0.0)
-    var.train()
+        idx_list = vqvae.img_to_idx(img_B3HW)  # plain model: NCHW convolutions, bmm attention (official arithmetic)
+        gt_BL = torch.cat(idx_list, dim=1)
+        x_BLCv = vqvae.quantize.idx_to_var_input(idx_list)
+    t_encode = time.perf_counter() - t0
+    B, L = gt_BL.shape
+    logits_BLV = baseline_forward(var, label_B, x_BLCv)
+    ce_BL = F.cross_entropy(logits_BLV.view(-1, var.vocab_size), gt_BL.view(-1), reduction="none").view(B, L)
+    loss = ce_BL.mul(1.0 / L).sum(dim=-1).mean()
+    pred_BL = logits_BLV.data.argmax(dim=-1)  # the official step computes its accuracy log from this
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(var.parameters(), 2.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    float((pred_BL == gt_BL).float().mean())  # Accm, read as a Python number like the official log
+    return time.perf_counter() - t0, t_encode
+
+
+def case_train(
+    depth: int, repeats: int, command: TrainVarCommand, tokenizer: Path
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    torch.manual_seed(0)
+    vqvae = load_tokenizer(str(tokenizer), "auto", VARConfig.from_depth(depth).patch_nums)
+    var = VAR(VARConfig.from_depth(depth)).train()
+    var.init_weights(0.5, 1e-3, 0.02, -1)
+    img_B3HW = torch.rand(BATCH, 3, 256, 256) * 2 - 1
+    label_B = torch.randint(0, 1000, (BATCH,))
+    opt = torch.optim.AdamW(var.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.05, fused=True)
+    encode_times: list[float] = []
     records: list[dict[str, Any]] = []
 
-    def run_command() -> float:
-        seconds, record = command.seconds_per_step(depth)
-        records.append(record)
+    def official() -> float:
+        seconds, encode = official_train_step(var, vqvae, opt, img_B3HW, label_B)
+        encode_times.append(encode)
         return seconds
 
+    def run_command(cached: bool) -> Callable[[], float]:
+        def run() -> float:
+            seconds, record = command.seconds_per_step(depth, cached)
+            records.append(record)
+            return seconds
+
+        return run
+
     variants: dict[str, Callable[[], float]] = {
-        "baseline": step(lambda: baseline_forward(var, label_B, x_BLCv)),
-        "model": step(lambda: var(label_B, x_BLCv)),
-        "train_var_command": run_command,
+        "official": official,
+        "command": run_command(cached=False),
+        "cached": run_command(cached=True),
     }
-    variants["baseline"](), variants["model"]()  # warm-up; the command's first epoch is excluded by the engine
+    official()  # warm-up; the commands' first epoch is excluded by the engine
+    encode_times.clear()
     times: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(repeats):
         for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
             times[name].append(variants[name]())
-    note = f"eval logits max |model - baseline| = {(ours_BLV - ref_BLV).abs().max():.1e}"
-    return times, note, records
+    var.eval()
+    with torch.no_grad():
+        x_BLCv = vqvae.quantize.idx_to_var_input(vqvae.img_to_idx(img_B3HW))
+        gap = (var(label_B, x_BLCv, cond_drop_rate=0.0) - baseline_forward(var, label_B, x_BLCv, 0.0)).abs().max()
+    extra = {
+        "official_encode_s": encode_times,
+        "command_runs": records,
+        "note": f"eval logits max |trainlab model - official forward| = {gap:.1e}",
+    }
+    return times, extra
 
 
 def report_sample(times: dict[str, list[float]], note: str, repeats: int) -> dict[str, Any]:
@@ -329,52 +363,39 @@ def report_sample(times: dict[str, list[float]], note: str, repeats: int) -> dic
 
 
 def report_train(
-    case: str,
-    times: dict[str, list[float]],
-    note: str,
-    runs: list[dict[str, Any]],
-    shown: str,
-    args: argparse.Namespace,
+    case: str, times: dict[str, list[float]], extra: dict[str, Any], command: TrainVarCommand, source: str, repeats: int
 ) -> dict[str, Any]:
-    base, model = statistics.median(times["baseline"]), statistics.median(times["model"])
-    cmd = statistics.median(times["train_var_command"])
-    cached = args.train_tokens == "cached"
-    off = (OFFICIAL_SECONDS if cached else OFFICIAL_FULL_STEP_SECONDS)[case]
-    print(f"\n{case}: B=8, 256 px, seconds per optimizer step, medians of {args.repeats} rounds; {note}")
-    print(
-        f"  what `{COMMAND}` runs ({args.train_tokens} tokens): {cmd:.3f} s (min {min(times['train_var_command']):.3f})"
-        f" | official reference {off:.2f} s -> {off / cmd:.2f}x"
-        + (f" | in-process baseline -> {base / cmd:.2f}x" if cached else " (in-process variants exclude tokenisation)")
-    )
-    print(
-        f"  in process: baseline {base:.3f} s (min {min(times['baseline']):.3f}) | model {model:.3f} s "
-        f"(min {min(times['model']):.3f}) -> model vs baseline {base / model:.2f}x"
-    )
-    print(f"  command: {shown}")
+    depth = int(case.split("_d")[1])
+    med = {name: statistics.median(v) for name, v in times.items()}
+    encode = statistics.median(extra["official_encode_s"])
+    print(f"\n{case}: B=8, 256 px, fp32, seconds per optimizer step, medians of {repeats} rounds; {extra['note']}")
+    print(f"  tokenizer: {source}")
+    print(f"  official trainer step {med['official']:.3f} s (min {min(times['official']):.3f}; encode {encode:.3f} s)")
+    for name, label in (("command", "re-encoding"), ("cached", "--use-token-cache")):
+        print(
+            f"  `{COMMAND}` ({label}) {med[name]:.3f} s (min {min(times[name]):.3f}) -> "
+            f"{med['official'] / med[name]:.2f}x the official step"
+        )
+    print(f"  command: {command.shown(depth, cached=False)}")
     return {
-        "official_s": off,
-        "official_reference": "VAR step, tokens precomputed" if cached else "full train_step with tokenisation",
-        "train_var_command_s_per_step": times["train_var_command"],
-        "train_var_command": shown,
-        "train_var_command_runs": runs,
-        "baseline_s": times["baseline"],
-        "model_s": times["model"],
-        "note": note,
+        "tokenizer": source,
+        "official_s": times["official"],
+        "command_s": times["command"],
+        "cached_s": times["cached"],
+        "ratio_command": med["official"] / med["command"],
+        "ratio_cached": med["official"] / med["cached"],
+        "command": command.shown(depth, cached=False),
+        **extra,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", choices=["sample_d4", "train_d4", "train_d8", "all"], default="all")
+    cases = ["sample_d4", "train_d4", "train_d8", "train_d16"]
+    parser.add_argument("--case", choices=[*cases, "all"], default="all", help="all = sample_d4, train_d4, train_d8")
     parser.add_argument("--repeats", type=int, default=5, help="rounds per case (medians reported)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, also of the `trainlab train var` runs")
-    parser.add_argument(
-        "--train-tokens",
-        choices=["cached", "encoded"],
-        default="cached",
-        help="`trainlab train var` with --use-token-cache (tokens precomputed, as in the official reference timing) "
-        "or encoding every batch with the ch=160 tokenizer (the command's default; ~13 s per step on 2 CPU threads)",
-    )
+    parser.add_argument("--tokenizer", choices=["ch32", "ch160"], default="ch32", help="see the module doc")
     parser.add_argument("--train-images", type=int, default=24, help="fake images per run; steps per epoch = this / 8")
     parser.add_argument("--train-epochs", type=int, default=2, help="epochs per run; the engine does not time epoch 1")
     parser.add_argument(
@@ -388,7 +409,7 @@ def main() -> None:
     if args.train_images < BATCH or args.train_epochs < 2:
         parser.error(f"--train-images must be >= {BATCH} and --train-epochs >= 2 (the engine does not time epoch 1)")
     torch.set_num_threads(args.threads)
-    cases = ["sample_d4", "train_d4", "train_d8"] if args.case == "all" else [args.case]
+    run_cases = cases[:3] if args.case == "all" else [args.case]
     env = environment()
     print(
         f"{env['cpu_model']}, {env['machine']}; torch {env['torch']}, {args.threads} threads, fp32; "
@@ -401,18 +422,18 @@ def main() -> None:
             work.mkdir(parents=True, exist_ok=True)
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_var_")))
-        command = TrainVarCommand(work, args) if any(c.startswith("train") for c in cases) else None
-        for case in cases:
+        tokenizer, source = write_tokenizer(work, args.tokenizer)
+        command = TrainVarCommand(work, tokenizer, args)
+        for case in run_cases:
             if case == "sample_d4":
                 results[case] = report_sample(*case_sample(args.repeats), args.repeats)
                 continue
-            assert command is not None
-            depth = int(case[-1])
-            results[case] = report_train(case, *case_train(depth, args.repeats, command), command.shown(depth), args)
+            depth = int(case.split("_d")[1])
+            times, extra = case_train(depth, args.repeats, command, tokenizer)
+            results[case] = report_train(case, times, extra, command, source, args.repeats)
     env["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
     print(f"1-min load average at the end: {env['load_average_1min_at_end']}")
-    tokens = f"{args.train_tokens}tokens" if args.case != "sample_d4" else ""
-    path = result_path(args.json, "var", args.case, tokens, f"cpu{args.threads}t", args.label)
+    path = result_path(args.json, "var", args.case, args.tokenizer, f"cpu{args.threads}t", args.label)
     write_result(path, {"environment": env, "config": settings(args), "results": results})
 
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from trainlab.errors import UsageError
-from trainlab.losses.token_cross_entropy import token_loss
+from trainlab.losses.token_cross_entropy import token_cross_entropy
 from trainlab.models.var.blocks import AdaLNSelfAttn
 from trainlab.models.var.loading import build_var, export_official, infer_var_config, load_official, read_state_dict
 from trainlab.models.var.transformer import PATCH_NUMS_512, VAR, VARConfig
@@ -59,6 +60,12 @@ def test_forward_matches_official(fx: dict[str, Any], official_d4: VAR, fx_logit
     gt_BL = torch.cat(fx["idx_Bl"], dim=1)
     assert (fx_logits.gather(-1, gt_BL.unsqueeze(-1)).squeeze(-1) - fx["logits_at_gt"]).abs().max() <= 1e-4
     assert torch.equal(fx_logits.argmax(-1), fx["logits_argmax"])
+
+
+def token_loss(logits_BLV: torch.Tensor, target_BL: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    """The official loss: per-token CE, weights 1/L, mean over the batch (what the recipe optimises)."""
+    L = logits_BLV.shape[1]
+    return token_cross_entropy(logits_BLV, target_BL, torch.full((L,), 1.0 / L), smoothing).loss
 
 
 def test_train_loss_and_gradients_match_official(fx: dict[str, Any], official_d4: VAR) -> None:
@@ -125,19 +132,32 @@ def test_debug_forward_backward_and_attention_plans() -> None:
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_token_loss_equals_weighted_cross_entropy(smoothing: float) -> None:
+def test_fused_token_cross_entropy_equals_torch_cross_entropy(smoothing: float) -> None:
+    """Value, gradient, unsmoothed CE and argmax of the fused loss against F.cross_entropy, with non-uniform weights
+    (progressive training) and a non-unit incoming gradient (accumulation / loss scaling)."""
     gen = torch.Generator().manual_seed(0)
     logits_BLV = (torch.randn(3, 14, 50, generator=gen) * 3).requires_grad_(True)
     target_BL = torch.randint(0, 50, (3, 14), generator=gen)
-    ce_BL = torch.nn.functional.cross_entropy(
-        logits_BLV.reshape(-1, 50), target_BL.reshape(-1), label_smoothing=smoothing, reduction="none"
-    ).view(3, 14)
-    ref = ce_BL.mul(1 / 14).sum(-1).mean()
+    weight_L = torch.rand(14, generator=gen) / 14
+    flat_logits, flat_target = logits_BLV.reshape(-1, 50), target_BL.reshape(-1)
+    train_ce_BL = F.cross_entropy(flat_logits, flat_target, label_smoothing=smoothing, reduction="none").view(3, 14)
+    ref = train_ce_BL.mul(weight_L).sum(-1).mean()
     (ref_grad,) = torch.autograd.grad(ref * 2.5, logits_BLV)
-    ours = token_loss(logits_BLV, target_BL, smoothing)
-    (grad,) = torch.autograd.grad(ours * 2.5, logits_BLV)
-    assert abs(ours.item() - ref.item()) <= 1e-6
+    out = token_cross_entropy(logits_BLV, target_BL, weight_L, smoothing)
+    (grad,) = torch.autograd.grad(out.loss * 2.5, logits_BLV)
+    assert abs(out.loss.item() - ref.item()) <= 1e-6
     assert (grad - ref_grad).abs().max() <= 1e-7
+    plain_ce_BL = F.cross_entropy(flat_logits, flat_target, reduction="none").view(3, 14)
+    assert (out.ce_BL - plain_ce_BL).abs().max() <= 1e-5 and not out.ce_BL.requires_grad
+    assert torch.equal(out.prediction_BL, logits_BLV.argmax(dim=-1))
+
+
+def test_fused_token_cross_entropy_refuses_a_second_backward() -> None:
+    logits_BLV = torch.randn(2, 3, 5, requires_grad=True)
+    out = token_cross_entropy(logits_BLV, torch.zeros(2, 3, dtype=torch.long), torch.full((3,), 1 / 3))
+    out.loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="only once"):
+        out.loss.backward()
 
 
 def test_class_dropout_control() -> None:

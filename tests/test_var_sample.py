@@ -148,6 +148,25 @@ def test_cli_grid_and_tokens(ckpts: tuple[Path, Path], tmp_path: Path, debug_mod
     assert all(torch.equal(t.flatten(1), e) for t, e in zip(tokens, expected))
 
 
+def test_cli_fast_decode_is_the_official_image_within_a_rounding_step(
+    ckpts: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default decoder (NHWC, SDPA, sub-pixel upsample) and `--fast-decode false` (official arithmetic) write
+    the same PNG up to one 1/255 step, and the command logs its time per phase."""
+    from trainlab.commands.sample import main
+
+    vae, var_path = ckpts
+    argv = ["--vae", str(vae), "--var", str(var_path), "--classes", "3", "7", "--seed", "1", "--device", "cpu"]
+    with caplog.at_level("INFO", logger="trainlab.commands.sample"):
+        assert main([*argv, "--out", str(tmp_path / "fast.png")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "plain.png"), "--fast-decode", "false"]) == 0
+    fast = np.asarray(Image.open(tmp_path / "fast.png"), dtype=np.int16)
+    plain = np.asarray(Image.open(tmp_path / "plain.png"), dtype=np.int16)
+    assert np.abs(fast - plain).max() <= 1
+    phases = next(r.getMessage() for r in caplog.records if "time per phase" in r.getMessage())
+    assert all(f"{name} " in phases for name in ("startup", "load", "tokens", "decode", "write", "total"))
+
+
 def test_cli_out_dir_npz_and_resume(ckpts: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from trainlab.commands.sample import main
 

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,11 @@ class SampleConfig:
     top_k: int = option(900, "keep the K most likely tokens, 0 = all", metavar="K")
     top_p: float = option(0.96, "nucleus mass in (0, 1], 1 = off", metavar="P")
     more_smooth: bool = option(False, "Gumbel-softmax code mixing (nicer, not for FID)")
+    fast_decode: bool = option(
+        True,
+        "NHWC convolutions, SDPA attention and sub-pixel upsampling in the VQVAE decoder (~1.3-1.5x on CPU); the "
+        "image equals the official decode to ~5e-5, a rare 1/255 step in a PNG pixel; false: official arithmetic",
+    )
     out: Path | None = option(None, "write all images as one grid", metavar="PNG")
     out_dir: Path | None = option(None, "one PNG per image + samples.npz (resumable)", metavar="DIR")
     save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
@@ -219,6 +225,7 @@ def _save_grid(images_N3HW: torch.Tensor, path: Path, n_per_class: int) -> None:
 
 def main(argv: list[str]) -> int:
     """Run `trainlab sample`; returns the exit code (errors raise UsageError)."""
+    timer = PhaseTimer()
     config = parse(SampleConfig, argv, prog="trainlab sample", epilog=__doc__ or "")
     device = config.torch_device()
 
@@ -227,12 +234,17 @@ def main(argv: list[str]) -> int:
     from trainlab.models.var.loading import load_official
     from trainlab.models.var.sample import generate
 
+    timer.lap("startup")
     vqvae, var = load_official(config.vae_weights, config.var_weights)
     check_tokenizer_matches(config.var_weights, config.vae_weights, vqvae)
+    if config.fast_decode:
+        vqvae.optimize_for_inference()
+    log.info("decoder: %s", "fast (NHWC, SDPA, sub-pixel upsample)" if config.fast_decode else "official arithmetic")
     labels = _parse_classes(config.classes, var.num_classes, config.samples_per_class)
     if config.out is not None and len(labels) > 1024:
         raise UsageError(f"--out makes one grid; {len(labels)} images is too many: use --out-dir")
     vqvae, var = vqvae.to(device), var.to(device)
+    timer.lap("load")
     names = [f"{i:06d}_c{c:04d}.png" for i, c in enumerate(labels)]
     out_dir = config.out_dir
     if out_dir is not None:
@@ -259,8 +271,10 @@ def main(argv: list[str]) -> int:
             top_p=config.top_p,
             more_smooth=config.more_smooth,
         )
+        timer.lap("tokens", sync=device)
         with torch.inference_mode():
             img_B3HW = vqvae.fhat_to_img(samples.f_hat).add_(1.0).mul_(0.5).float().cpu()
+        timer.lap("decode")
         if out_dir is not None:
             for j, arr in enumerate(_to_uint8(img_B3HW)):
                 _save_png(arr, out_dir / names[start + j])
@@ -269,6 +283,7 @@ def main(argv: list[str]) -> int:
         if config.save_tokens is not None:
             token_parts.append([t.view(len(chunk), pn, pn).cpu() for t, pn in zip(samples.tokens, var.patch_nums)])
         bar.update(len(chunk))
+        timer.lap("write")
     bar.close()
 
     if config.out is not None:
@@ -283,4 +298,32 @@ def main(argv: list[str]) -> int:
         npz = out_dir / "samples.npz"
         write_npz([out_dir / n for n in names], npz)
         print(f"wrote {len(labels)} PNGs to {out_dir} ({skipped} already there) and {npz}")
+    timer.lap("write")
+    log.info("time per phase: %s", timer.summary())
     return 0
+
+
+class PhaseTimer:
+    """Wall seconds per named phase (laps add up when a phase recurs, e.g. per batch). The first lap, `startup`,
+    runs from the process start (interpreter, imports, argument parsing)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+        self._startup = time.time() - psutil.Process().create_time()  # before this object existed
+
+    def lap(self, phase: str, sync: torch.device | None = None) -> None:
+        """Charge the time since the previous lap to `phase` (after waiting for `sync`'s queued CUDA work)."""
+        if sync is not None and sync.type == "cuda":
+            torch.cuda.synchronize(sync)
+        now = time.perf_counter()
+        extra = self._startup if phase == "startup" else 0.0
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last + extra
+        self._last = now
+
+    def summary(self) -> str:
+        """`startup 1.20 s, load 0.35 s, ..., total 9.10 s`."""
+        parts = [f"{name} {sec:.2f} s" for name, sec in self.seconds.items()]
+        return ", ".join([*parts, f"total {sum(self.seconds.values()):.2f} s"])

@@ -219,10 +219,14 @@ class TokenCacheDataset(Dataset[dict[str, torch.Tensor]]):
 
 @torch.no_grad()
 def encode_batch(tokenizer: nn.Module, img_B3HW: torch.Tensor) -> torch.Tensor:
-    """Images in [-1, 1] -> tokens (B, L) int64 of all scales, in float32 with autocast off."""
-    with torch.autocast(img_B3HW.device.type, enabled=False):
-        idx_list = tokenizer.img_to_idx(img_B3HW.float())  # type: ignore[operator]
-    return torch.cat(list(idx_list), dim=1)
+    """Images in [-1, 1] -> tokens (B, L) int64 of all scales, in float32 with autocast off.
+
+    The encoder runs under `torch.inference_mode()` (in-place activations in the tokenizer's blocks); the tokens
+    are returned as an ordinary tensor, usable by autograd-recorded code.
+    """
+    with torch.inference_mode(), torch.autocast(img_B3HW.device.type, enabled=False):
+        tokens_BL = torch.cat(list(tokenizer.img_to_idx(img_B3HW.float())), dim=1)  # type: ignore[operator]
+    return tokens_BL.clone()
 
 
 def build_token_cache(

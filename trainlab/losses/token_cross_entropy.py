@@ -1,8 +1,11 @@
 """VAR's training loss and metrics on token logits: per-token cross-entropy weighted per position, the official
 mean / last-scale / per-scale loss and accuracy.
 
-`weighted_token_cross_entropy` is what `trainlab train var` optimises. `token_loss` is the same value and gradient
-in one less pass over the (B, L, V) logits (a custom autograd function; equal up to float rounding).
+`token_cross_entropy` is what `trainlab train var` optimises: sum_l w_l CE(logits_l, target_l), mean over the batch.
+It computes the loss, its gradient with respect to the logits and each row's argmax (for the accuracy metrics) in
+the forward pass, in four passes over the (B, L, V) logits; backward only scales the stored gradient. The
+`F.cross_entropy` route takes about eight (log-softmax, gather, a zero-filled one-hot-sized gradient, the log-softmax
+backward, and a separate argmax for the metrics). Same value and gradient up to float rounding (tests compare both).
 
 Shapes: B batch, L tokens of all scales, V vocabulary, N = B x L rows.
 """
@@ -10,35 +13,85 @@ Shapes: B batch, L tokens of all scales, V vocabulary, N = B x L rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 
-def weighted_token_cross_entropy(
-    logits_BLV: torch.Tensor, target_BL: torch.Tensor, weight_L: torch.Tensor, label_smoothing: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The VAR training loss sum_l w_l CE(logits_l, target_l), mean over the batch, and the unsmoothed CE (B, L).
+@dataclass
+class TokenLoss:
+    """`loss`: the differentiable training objective (scalar); `ce_BL`: the unsmoothed per-token cross-entropy and
+    `prediction_BL`: the argmax token, both without gradient (for the metrics)."""
 
-    With `label_smoothing` > 0 the loss is label-smoothed (torch's definition) and the returned CE is not: the
-    official code logs the plain CE.
+    loss: torch.Tensor
+    ce_BL: torch.Tensor
+    prediction_BL: torch.Tensor
+
+
+class _FusedTokenCrossEntropy(torch.autograd.Function):
+    """sum_n w_n CE_n (label smoothing s) with its gradient w_n (softmax_n - (1 - s) onehot_n - s / V) computed in
+    the forward pass and stored in place of the log-probabilities; backward multiplies it by the incoming scalar."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits_NV: torch.Tensor, target_N: torch.Tensor, weight_N: torch.Tensor, smoothing: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        V = logits_NV.shape[1]
+        target_N1, weight_N1 = target_N.unsqueeze(1), weight_N.unsqueeze(1)
+        max_N1, prediction_N1 = logits_NV.max(dim=1, keepdim=True)
+        grad_NV = logits_NV.sub(max_N1).exp_()
+        sumexp_N1 = grad_NV.sum(dim=1, keepdim=True)
+        lse_N1 = sumexp_N1.log().add_(max_N1)
+        ce_N = (lse_N1 - logits_NV.gather(1, target_N1)).squeeze(1)
+        train_ce_N = ce_N
+        if smoothing > 0.0:
+            train_ce_N = (1.0 - smoothing) * ce_N + smoothing * (lse_N1.squeeze(1) - logits_NV.mean(dim=1))
+        loss = (train_ce_N * weight_N).sum()
+        grad_NV.mul_(weight_N1 / sumexp_N1)  # w * softmax
+        if smoothing > 0.0:
+            grad_NV.sub_(weight_N1 * (smoothing / V))
+        grad_NV.scatter_add_(1, target_N1, weight_N1 * (smoothing - 1.0))
+        ctx.save_for_backward(grad_NV)
+        ctx.used = False
+        ctx.mark_non_differentiable(ce_N, prediction_N1)
+        return loss, ce_N, prediction_N1.squeeze(1)
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_loss: torch.Tensor, _grad_ce: Any, _grad_prediction: Any
+    ) -> tuple[torch.Tensor, None, None, None]:
+        if ctx.used:
+            raise RuntimeError("token_cross_entropy scales its stored gradient in place: backward runs only once")
+        ctx.used = True
+        (grad_NV,) = ctx.saved_tensors
+        return grad_NV.mul_(grad_loss), None, None, None
+
+
+def token_cross_entropy(
+    logits_BLV: torch.Tensor, target_BL: torch.Tensor, weight_L: torch.Tensor, label_smoothing: float = 0.0
+) -> TokenLoss:
+    """The VAR training loss sum_l w_l CE(logits_l, target_l), mean over the batch, with the metrics' inputs.
+
+    Args:
+        logits_BLV: logits (computed in float32; other dtypes are upcast).
+        target_BL: target token ids.
+        weight_L: per-position loss weights (1/L officially; progressive training ramps the newest scale).
+        label_smoothing: torch's definition; the returned `ce_BL` is always unsmoothed (the official log).
     """
     B, L, V = logits_BLV.shape
-    ce_BL = F.cross_entropy(logits_BLV.view(-1, V), target_BL.reshape(-1), reduction="none").view(B, L)
-    if label_smoothing > 0:
-        train_ce_BL = F.cross_entropy(
-            logits_BLV.view(-1, V), target_BL.reshape(-1), label_smoothing=label_smoothing, reduction="none"
-        ).view(B, L)
-    else:
-        train_ce_BL = ce_BL
-    return train_ce_BL.mul(weight_L).sum(dim=-1).mean(), ce_BL
+    weight_N = (weight_L.float() / B).repeat(B)
+    loss, ce_N, prediction_N = _FusedTokenCrossEntropy.apply(
+        logits_BLV.reshape(B * L, V).float(), target_BL.reshape(B * L), weight_N, float(label_smoothing)
+    )
+    return TokenLoss(loss=loss, ce_BL=ce_N.view(B, L), prediction_BL=prediction_N.view(B, L))
 
 
 @torch.no_grad()
 def token_metrics(
     ce_BL: torch.Tensor,
-    logits_BLV: torch.Tensor,
+    prediction_BL: torch.Tensor,
     target_BL: torch.Tensor,
     slices: Sequence[slice],
     *,
@@ -47,11 +100,11 @@ def token_metrics(
 ) -> dict[str, torch.Tensor]:
     """Mean, last-scale (when `all_scales`) and optionally per-scale unsmoothed cross-entropy and token accuracy.
 
-    `slices` covers exactly the positions in `logits_BLV`: fewer scales during progressive training, where no
+    `slices` covers exactly the positions in `prediction_BL`: fewer scales during progressive training, where no
     last-scale metric is reported (`all_scales` False), as in the official code.
     """
     ce_BL = ce_BL.detach().float()
-    correct_BL = (logits_BLV.detach().argmax(dim=-1) == target_BL).float()
+    correct_BL = (prediction_BL == target_BL).float()
     out = {"cross_entropy_mean": ce_BL.mean(), "token_accuracy_mean": correct_BL.mean()}
     if all_scales:
         out["cross_entropy_last_scale"] = ce_BL[:, slices[-1]].mean()
@@ -103,43 +156,3 @@ class TokenMetricTotals:
             out[f"{prefix}cross_entropy_scale_{k}"] = float(ce_K[k] / tokens_K[k])
             out[f"{prefix}token_accuracy_scale_{k}"] = float(correct_K[k] / tokens_K[k])
         return out
-
-
-class _TokenCrossEntropy(torch.autograd.Function):
-    """sum_n w_n * CE_n with label smoothing, gradient (softmax - smoothed one-hot) * w computed in one pass over
-    the logits (F.cross_entropy materialises log-probabilities and a one-hot-sized gradient on the way)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, logits_NV: torch.Tensor, target_N: torch.Tensor, weight_N: torch.Tensor, smoothing: float
-    ) -> torch.Tensor:
-        lse_N1 = logits_NV.logsumexp(dim=-1, keepdim=True)
-        ce_N = lse_N1.squeeze(1) - logits_NV.gather(1, target_N.unsqueeze(1)).squeeze(1)
-        if smoothing > 0.0:
-            ce_N = (1.0 - smoothing) * ce_N + smoothing * (lse_N1.squeeze(1) - logits_NV.mean(dim=-1))
-        ctx.save_for_backward(logits_NV, target_N, weight_N)
-        ctx.smoothing = smoothing
-        return (ce_N * weight_N).sum()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        logits_NV, target_N, weight_N = ctx.saved_tensors
-        smoothing, V = ctx.smoothing, logits_NV.shape[1]
-        gw_N1 = (grad * weight_N).unsqueeze(1)
-        grad_NV = logits_NV.softmax(dim=-1)
-        if smoothing > 0.0:
-            grad_NV.sub_(smoothing / V)
-        grad_NV.scatter_add_(1, target_N.unsqueeze(1), gw_N1.new_full(gw_N1.shape, smoothing - 1.0))
-        return grad_NV.mul_(gw_N1), None, None, None
-
-
-def token_loss(logits_BLV: torch.Tensor, target_BL: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """The official training loss: per-token cross-entropy (optional label smoothing), weight 1/L, summed over L,
-    mean over the batch (= the mean token CE). Same value and gradient as `F.cross_entropy(..., reduction="none")`
-    weighted that way, computed with one less pass over the (B, L, V) logits."""
-    B, L, V = logits_BLV.shape
-    weight_N = logits_BLV.new_full((B * L,), 1.0 / (L * B), dtype=torch.float32)
-    logits_NV = logits_BLV.reshape(B * L, V).float()
-    loss = _TokenCrossEntropy.apply(logits_NV, target_BL.reshape(B * L), weight_N, float(label_smoothing))
-    assert isinstance(loss, torch.Tensor)
-    return loss
