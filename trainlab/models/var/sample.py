@@ -10,6 +10,10 @@ CUDA generator (Philox), so the tokens match the official code run on CUDA, not 
 CPU fast path (same tokens): `torch.multinomial(p, 1)` is argmax(p / q) with q ~ Exp(1) drawn for all V entries
 from the generator (q = -log1p(-u), u a float64 uniform). With top-k, only the k candidates can win, so top-p,
 softmax and the argmax run on those k values, while the V uniforms per row are still drawn to keep the stream.
+
+Editing (`trainlab.models.var.edit`) goes through the same loop: a `token_hook` may overwrite a scale's sampled
+tokens right after the draw and before they are embedded, so the next scale's input, f_hat and the KV cache are all
+built from the overwritten tokens. The hook draws nothing, so the random stream is the one of plain sampling.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from trainlab.models.var.vqvae import VQVAE
 log = logging.getLogger(__name__)
 
 LogitsHook = Callable[[int, torch.Tensor], None]
+TokenHook = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""`token_hook(si, idx_Bl) -> (idx_Bl, kept_Bl)`: scale si's sampled tokens (B, l) int64 -> the tokens to use and a
+bool (B, l) map of the positions it wrote (those get their hard codebook embedding even with `more_smooth`)."""
 
 
 @dataclass
@@ -180,10 +187,13 @@ def generate(
     top_p: float = 0.96,
     more_smooth: bool = False,
     logits_hook: LogitsHook | None = None,
+    token_hook: TokenHook | None = None,
 ) -> Samples:
     """Generate tokens and the accumulated f_hat for a batch of class labels (see `sample_tokens` for the args).
 
-    `logits_hook(si, logits_BlV)` sees each scale's guided logits before filtering.
+    `logits_hook(si, logits_BlV)` sees each scale's guided logits before filtering. `token_hook` (see `TokenHook`)
+    may overwrite scale si's tokens after they are drawn and before they are embedded for the next scale; without
+    it, or with a hook that writes nothing, the result is that of plain sampling, bit for bit.
     """
     device = var.pos_start.device
     labels_B = torch.as_tensor(labels_B, dtype=torch.int64).to(device)
@@ -209,11 +219,16 @@ def generate(
             idx_Bl, filtered_BlV = sample_scale(
                 logits_BlV, generator, top_k=top_k, top_p=top_p, keep_filtered=more_smooth
             )
+            kept_Bl = None
+            if token_hook is not None:
+                idx_Bl, kept_Bl = token_hook(si, idx_Bl)
             tokens.append(idx_Bl)
             if filtered_BlV is None:
                 h_BlC = quant.embedding(idx_Bl)
             else:
                 h_BlC = _smooth_embeddings(filtered_BlV, ratio, quant.embedding.weight, generator)
+                if kept_Bl is not None:  # written positions are ground truth: their hard code, not a soft mix
+                    h_BlC = torch.where(kept_Bl.unsqueeze(-1), quant.embedding(idx_Bl), h_BlC)
             h_BChw = h_BlC.transpose(1, 2).reshape(B, Cv, pn, pn)
             f_hat_BChw, next_BChw = quant.next_autoregressive_input(si, f_hat_BChw, h_BChw)
             if next_BChw is not None:
