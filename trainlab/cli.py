@@ -28,7 +28,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("trainlab.commands.report:main", "plots and tables from one or more run directories"),
     "runs": ("trainlab.commands.runs:main", "every run under a folder: status, step, last metrics, resume command"),
     "sample": ("trainlab.commands.sample:main", "sample images from VAR weights (official or trainlab-trained)"),
-    "eval": ("trainlab.commands.eval:main", "evaluate a MoCo v3 backbone: `trainlab eval knn` / `eval linear-probe`"),
+    "edit": ("trainlab.commands.edit:main", "in-paint / out-paint / class-edit an image with VAR weights (zero-shot)"),
+    "eval": ("trainlab.commands.eval:main", "MoCo backbones (`eval knn|linear-probe`), samples (`eval fid|judge`)"),
     "demo": ("trainlab.commands.demo:main", "tokenizer + VAR trained on bundled digits, then judged (--quick: 2 min)"),
 }
 
