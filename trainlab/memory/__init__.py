@@ -11,7 +11,15 @@
     cuda_autocast.py  CUDA autocast's fp32 cast policy where it differs from CPU's (layer_norm, softmax, sum, ...)
 
 Known gaps for `--device cuda` (the CPU plan is the tested one): CUDA autocast's cast policy is substituted only for
-the ops listed in `cuda_autocast.py`; the SDPA backend CUDA would pick is not substituted (the CPU flash kernel's
-saved tensors are traced); cuDNN / cuBLAS workspaces, the CUDA context and NCCL come from per-GPU constants that are
-estimates until measured.
+the ops listed in `cuda_autocast.py`; cuDNN / cuBLAS workspaces, the CUDA context and NCCL come from per-GPU
+constants that are estimates until measured.
+
+SDPA is traced as the CPU kernel runs it (`_scaled_dot_product_flash_attention_for_cpu`, which takes VAR's additive
+mask too), and not substituted, because what it keeps for backward is what CUDA's choice keeps: for 16-bit inputs
+without a mask CUDA picks flash attention, otherwise (fp32, or VAR's masked segment) memory-efficient attention
+(head dim a multiple of 8); all three save the output (the inputs' dtype and shape) and a float32 logsumexp per
+query row, (B, H, L). The one difference is that memory-efficient attention pads the logsumexp to a multiple of 32
+rows: at most 31 x 4 bytes per (batch, head) per call, about 3 MiB over VAR-d16's 32 calls at micro-batch 48, far
+below the plan's resolution. CUDA's math fallback, which would save the (B, H, L, S) attention weights, is taken by
+none of trainlab's attention calls.
 """
