@@ -11,10 +11,11 @@ official architecture at base width 32 (the weights of ../shared/fixtures/var_of
 seeded random init), so that the encoder does not drown the transformer on a 2-core CPU; `ch160` is the released
 architecture (random init), where the encoder is ~13 s of each step. Variants:
   official   in process, the official `VARTrainer.train_step` (var.md section 3.1) as it runs: `img_to_idxBl` +
-             `idxBl_to_var_input` with the official arithmetic (NCHW convolutions, bmm attention in the encoder), the
-             official VAR forward (one SDPA call with the full L x L additive mask, F.normalize, per-sample lvl_embed
-             lookup), per-token `F.cross_entropy` x 1/L, the argmax for its accuracy log, backward, clip 2.0 and a
-             fused AdamW step (official afuse default True), betas (0.9, 0.95), weight decay 0.05.
+             `idxBl_to_var_input` with the official arithmetic (NCHW convolutions, bmm attention and in-place SiLU
+             in the encoder, as the official `basic_vae.py`), the official VAR forward (one SDPA call with the full
+             L x L additive mask, F.normalize, per-sample lvl_embed lookup), per-token `F.cross_entropy` x 1/L, the
+             argmax for its accuracy log, backward, clip 2.0 and a fused AdamW step (official afuse default True),
+             betas (0.9, 0.95), weight decay 0.05.
   command    THE NUMBER FOR USERS: the real `trainlab train var` run as a subprocess per round with `--dataset fake
              --batch-size 8 --epochs 2` and the same tokenizer weights, re-encoding every batch (its default).
              Seconds per optimizer step = batch / the `images_per_second` of the `summary` row of its metrics.jsonl
@@ -281,10 +282,14 @@ def official_train_step(
 ) -> tuple[float, float]:
     """One official `VARTrainer.train_step` (var.md 3.1), fp32; returns (seconds, of which tokenisation)."""
     t0 = time.perf_counter()
-    with torch.no_grad():
-        idx_list = vqvae.img_to_idx(img_B3HW)  # plain model: NCHW convolutions, bmm attention (official arithmetic)
+    # plain model: NCHW convolutions, bmm attention; under inference_mode its blocks apply SiLU in place as the
+    # official `basic_vae.py` does (and also add the residual in place, which the official code does not: the
+    # baseline's favour)
+    with torch.inference_mode():
+        idx_list = vqvae.img_to_idx(img_B3HW)
         gt_BL = torch.cat(idx_list, dim=1)
         x_BLCv = vqvae.quantize.idx_to_var_input(idx_list)
+    gt_BL, x_BLCv = gt_BL.clone(), x_BLCv.clone()  # ordinary tensors, as the official step has (autograd saves x)
     t_encode = time.perf_counter() - t0
     B, L = gt_BL.shape
     logits_BLV = baseline_forward(var, label_B, x_BLCv)

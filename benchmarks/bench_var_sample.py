@@ -15,8 +15,9 @@ OMP_NUM_THREADS = --threads:
              the official classes (their parity is tested in tests/test_var_*.py): import torch + torchvision, build
              both models with their random init (`build_vae_var`), `torch.load` without memory mapping +
              `load_state_dict`, the official sampling arithmetic (`bench_var.baseline_sample`: concatenating KV
-             cache, full-vocabulary sort for top-p, `torch.multinomial`) under `no_grad`, the VQVAE decode with the
-             official arithmetic (bmm attention, nearest upsample + conv, NCHW), `torchvision.utils.make_grid` + PIL.
+             cache, full-vocabulary sort for top-p, `torch.multinomial`) under `inference_mode` as the demo runs it, the
+             VQVAE decode with the official arithmetic (bmm attention, nearest upsample + conv, NCHW, in-place
+             SiLU), `torchvision.utils.make_grid` + PIL.
 Both must produce identical tokens (checked every round). Whole-process wall time is measured from outside.
 """
 
@@ -66,12 +67,12 @@ def child_official(vae_path: Path, var_path: Path, out: Path, tokens_out: Path) 
     var.eval().requires_grad_(False)
     seconds["load"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.inference_mode():  # the official demo samples under inference_mode
         tokens = baseline_sample(var, vae, CLASSES, **SETTINGS)  # type: ignore[arg-type]
         f_hat = vae.quantize.idx_to_fhat(tokens)
     seconds["tokens"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.inference_mode():  # in-place SiLU as the official decoder (and in-place residual adds: its favour)
         img_B3HW = vae.fhat_to_img(f_hat).add_(1).mul_(0.5)
     seconds["decode"] = time.perf_counter() - t0
     t0 = time.perf_counter()

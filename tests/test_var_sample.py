@@ -184,6 +184,7 @@ def test_cli_out_dir_npz_and_resume(ckpts: tuple[Path, Path], tmp_path: Path, ca
     ]
     arr = np.load(out_dir / "samples.npz")["arr_0"]
     assert arr.shape == (6, 16, 16, 3) and arr.dtype == np.uint8
+    assert np.load(out_dir / "samples.npz")["arr_1"].tolist() == [3, 3, 3, 7, 7, 7]  # labels, OpenAI's layout
     assert np.array_equal(arr[4], np.asarray(Image.open(pngs[4])))
     first = pngs[0].stat().st_mtime_ns
     pngs[5].unlink()  # an interrupted run: the second batch (images 4, 5) is redone, the first skipped

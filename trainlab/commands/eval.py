@@ -1,11 +1,20 @@
-"""`trainlab eval knn|linear-probe --checkpoint CKPT ...`: evaluate a MoCo v3 backbone (trainlab run or official).
+"""`trainlab eval knn|linear-probe|fid|judge`: evaluate a MoCo v3 backbone, or put numbers on generated samples.
 
+MoCo v3 backbones (trainlab run or official):
 trainlab eval knn --checkpoint runs/moco/ckpt/last.pt --data digits --image-size 16
 trainlab eval knn --checkpoint '' --arch resnet_debug --data digits      (random-init baseline)
 trainlab eval knn --features pixels --data digits                        (raw-pixel baseline)
 trainlab eval linear-probe --checkpoint checkpoint_0099.pth.tar --data cifar10 --image-size 32
 trainlab eval linear-probe --checkpoint CKPT --data image_folder --data-root /data/imagenet --image-size 224
     (<root>/train/<class>/*, <root>/val/<class>/*: train RandomResizedCrop + flip, eval Resize + CenterCrop)
+
+Generated samples (a folder of PNGs or an .npz with uint8 (N, H, W, 3) under arr_0, e.g. `trainlab sample --out-dir`):
+trainlab eval fid --samples samples/ --reference VIRTUAL_imagenet256_labeled.npz --inception-weights inception.pth
+    FID, Inception Score, precision/recall through torch-fidelity, Inception weights from the local file only; the
+    reference's statistics are cached next to it (REF.fidelity-cache/); see trainlab/evaluate/fidelity.py
+trainlab eval judge --samples samples/ --judge runs/demo/judge.safetensors
+    the demo judge's accuracy against the labels in the file names (NNNNNN_cCCCC.png), overall and per class
+Each prints one JSON line.
 """
 
 from __future__ import annotations
@@ -99,6 +108,90 @@ def _linear_probe(argv: list[str]) -> int:
     return 0
 
 
+@dataclasses.dataclass(kw_only=True)
+class FidConfig:
+    """FID, Inception Score and precision/recall of generated images against a reference set (torch-fidelity)."""
+
+    samples: Path = option(help="generated images: a folder of PNGs or an .npz (arr_0)", metavar="DIR|NPZ")
+    reference: Path = option(
+        help="real images: a folder or an .npz (arr_0; an OpenAI-evaluator batch's mu/sigma also used)",
+        metavar="DIR|NPZ",
+    )
+    inception_weights: Path | None = option(
+        None, "torch-fidelity's pt_inception-2015-12-05 weights file (nothing is downloaded)", metavar="PATH"
+    )
+    feature_dims: Literal["2048", "768", "192", "64"] = option(
+        "2048", "Inception features of FID and precision/recall: 2048 = standard FID; fewer for small sets"
+    )
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda if available, else cpu")
+    batch_size: int = option(64, "images per Inception forward pass", metavar="B")
+    decode_workers: bool = option(True, "decode images in torch-fidelity's DataLoader workers (false: in-process)")
+    isc_splits: int = option(10, "Inception Score splits (OpenAI's evaluator: 10 for 50,000 samples)", metavar="N")
+    prc_neighborhood: int = option(3, "k of precision/recall's k-NN manifolds", metavar="K")
+
+    def validate(self) -> None:
+        if self.batch_size < 1 or self.isc_splits < 1 or self.prc_neighborhood < 1:
+            raise UsageError("--batch-size, --isc-splits and --prc-neighborhood must be >= 1")
+
+
+@dataclasses.dataclass(kw_only=True)
+class JudgeConfig:
+    """The demo judge's accuracy on a labelled sample folder (labels from NNNNNN_cCCCC.png names)."""
+
+    samples: Path = option(
+        help="labelled images: a folder of NNNNNN_cCCCC.png, or an .npz (arr_0, arr_1)", metavar="DIR|NPZ"
+    )
+    judge: Path = option(help="the demo's judge, e.g. runs/demo/judge.safetensors", metavar="PATH")
+    device: str = option("cpu", "cpu or cuda")
+
+
+def _fid(argv: list[str]) -> int:
+    from trainlab.evaluate.fidelity import (
+        compare_image_sets,
+        file_sha256,
+        load_metric_inception,
+        read_reference_mu_sigma,
+    )
+    from trainlab.evaluate.image_sets import read_image_set
+
+    c = parse(FidConfig, argv, prog="trainlab eval fid")
+    if c.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: CUDA is not available here; use --device cpu (or auto)")
+    use_cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    samples = read_image_set(c.samples, flag="--samples")
+    reference = read_image_set(c.reference, flag="--reference")
+    read_reference_mu_sigma(reference)  # a malformed reference batch fails before the network is loaded
+    extractor = load_metric_inception(c.inception_weights, device, feature_layer=c.feature_dims)
+    assert c.inception_weights is not None  # load_metric_inception refused None
+    report = compare_image_sets(
+        samples,
+        reference,
+        extractor,
+        weights_sha256=file_sha256(c.inception_weights),
+        feature_layer=c.feature_dims,
+        batch_size=c.batch_size,
+        decode_workers=c.decode_workers,
+        isc_splits=c.isc_splits,
+        prc_neighborhood=c.prc_neighborhood,
+    )
+    print(json.dumps({**dataclasses.asdict(report), "samples": str(c.samples), "reference": str(c.reference)}))
+    return 0
+
+
+def _judge(argv: list[str]) -> int:
+    from trainlab.demo.judge import load_judge
+    from trainlab.evaluate.image_sets import read_image_set
+    from trainlab.evaluate.judge_accuracy import judged_accuracy
+
+    c = parse(JudgeConfig, argv, prog="trainlab eval judge")
+    judge = load_judge(c.judge, device=c.device)
+    result = judged_accuracy(judge, read_image_set(c.samples, flag="--samples"))
+    per_class = {str(k): {"images": n, "accuracy": acc} for k, (n, acc) in result.per_class.items()}
+    print(json.dumps({"judged_accuracy": result.accuracy, "images": result.num_images, "per_class": per_class}))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -108,7 +201,11 @@ def main(argv: list[str]) -> int:
         return _knn(rest)
     if mode == "linear-probe":
         return _linear_probe(rest)
-    raise UsageError(f"unknown evaluation {mode!r}; choose knn or linear-probe")
+    if mode == "fid":
+        return _fid(rest)
+    if mode == "judge":
+        return _judge(rest)
+    raise UsageError(f"unknown evaluation {mode!r}; choose knn, linear-probe, fid or judge")
 
 
 if __name__ == "__main__":

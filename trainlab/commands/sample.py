@@ -10,9 +10,9 @@ Results depend on --seed, --batch-size and the device: a CUDA run draws from a C
 official code on CUDA, not a CPU run. Pixels are round(255 * img) with img in [0, 1].
 --var may be a trainlab VAR run's checkpoint (RUN_DIR/ckpt/last.pt): it records the SHA-256 of the tokenizer it was
 trained with, and a --vae with other weights is refused (its codes would mean something else: garbage images).
---out-dir writes NNNNNN_cCCCC.png per image and, once all exist, samples.npz (uint8 (N, H, W, 3) under `arr_0`, the
-layout of OpenAI's guided-diffusion evaluator); it is resumable: batches whose PNGs all exist are skipped
-(unless --out or --save-tokens also need them).
+--out-dir writes NNNNNN_cCCCC.png per image and, once all exist, samples.npz (uint8 (N, H, W, 3) under `arr_0` and
+the int64 class labels under `arr_1`, the layout of OpenAI's guided-diffusion evaluator); it is resumable: batches
+whose PNGs all exist are skipped (unless --out or --save-tokens also need them).
 """
 
 from __future__ import annotations
@@ -188,8 +188,9 @@ def _save_png(arr_HW3: np.ndarray, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_npz(png_paths: list[Path], out_path: Path) -> None:
-    """Stream PNGs into an .npz holding uint8 (N, H, W, 3) as `arr_0`, one image in memory at a time."""
+def write_npz(png_paths: list[Path], out_path: Path, labels: list[int] | None = None) -> None:
+    """Stream PNGs into an .npz holding uint8 (N, H, W, 3) as `arr_0`, one image in memory at a time, and the class
+    labels as int64 (N,) under `arr_1` when given (the layout of OpenAI's labelled reference batches)."""
     first = np.asarray(Image.open(png_paths[0]).convert("RGB"))
     header: dict[str, Any] = {
         "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
@@ -207,6 +208,12 @@ def write_npz(png_paths: list[Path], out_path: Path) -> None:
             if arr.shape != first.shape:
                 raise UsageError(f"{path} has shape {arr.shape}, expected {first.shape}: clear --out-dir and rerun")
             f.write(np.ascontiguousarray(arr).tobytes())
+    if labels is not None:
+        with (
+            zipfile.ZipFile(tmp, "a", compression=zipfile.ZIP_STORED, allowZip64=True) as zf,
+            zf.open("arr_1.npy", "w") as f,
+        ):
+            np.lib.format.write_array(f, np.asarray(labels, dtype=np.int64))
     os.replace(tmp, out_path)
 
 
@@ -296,7 +303,7 @@ def main(argv: list[str]) -> int:
         print(f"wrote {config.save_tokens} ({len(tokens)} scales of int64 (N, pn, pn), N={len(labels)})")
     if out_dir is not None:
         npz = out_dir / "samples.npz"
-        write_npz([out_dir / n for n in names], npz)
+        write_npz([out_dir / n for n in names], npz, labels)
         print(f"wrote {len(labels)} PNGs to {out_dir} ({skipped} already there) and {npz}")
     timer.lap("write")
     log.info("time per phase: %s", timer.summary())

@@ -1,0 +1,184 @@
+"""A set of images to evaluate, read from a folder of image files or from an `.npz`, one image at a time.
+
+Two layouts are read, both written by `trainlab sample --out-dir DIR`:
+
+- a folder of `.png` / `.jpg` / `.jpeg` files (not its sub-folders), taken in sorted name order. A name ending in
+  `_cCCCC` (`000042_c0007.png`) carries the image's class label; the set has labels only when every name does.
+- an `.npz` holding uint8 (N, H, W, 3) images under `arr_0` (the layout of OpenAI's guided-diffusion evaluator, which
+  VAR's published FIDs use). An int array (N,) under `arr_1` (the evaluator's "labeled" reference batches) gives the
+  labels. An uncompressed `arr_0` (`np.savez`, and what `trainlab sample` writes) is memory-mapped, so a 50,000-image
+  file is never read into memory at once; a compressed one is loaded whole.
+
+Every image must have the same size (FID and the judge compare like with like); greyscale and RGBA files are
+converted to RGB. `fingerprint()` hashes the content, so cached statistics are reused only for the same images.
+"""
+
+# Shape legend: N images, H/W pixels, 3 RGB channels.
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import struct
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from trainlab.errors import UsageError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+_LABEL_PATTERN = re.compile(r"_c(\d+)$")
+_ZIP_LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # signature ... file-name length, extra-field length (30 bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSet:
+    """N images of one size, each read as uint8 (H, W, 3); class labels when the source has them.
+
+    Attributes:
+        source: the folder or `.npz` the images come from.
+        files: the image files of a folder, in order (empty for an `.npz`).
+        array_NHW3: the images of an `.npz` (memory-mapped when possible; None for a folder).
+        image_shape: (H, W, 3), the same for every image.
+        labels_N: int64 class labels, or None.
+    """
+
+    source: Path
+    files: tuple[Path, ...]
+    array_NHW3: np.ndarray | None
+    image_shape: tuple[int, int, int]
+    labels_N: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.files) if self.array_NHW3 is None else int(self.array_NHW3.shape[0])
+
+    def image(self, index: int) -> np.ndarray:
+        """Image `index` as a C-contiguous uint8 (H, W, 3) array."""
+        if self.array_NHW3 is not None:
+            return np.array(self.array_NHW3[index])  # a writable copy, not a view of the read-only map
+        return _read_rgb(self.files[index])
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the images' bytes (file order and content), the key of cached statistics."""
+        digest = hashlib.sha256()
+        if self.array_NHW3 is not None:
+            digest.update(repr(self.array_NHW3.shape).encode())
+            for start in range(0, len(self), 256):
+                digest.update(np.ascontiguousarray(self.array_NHW3[start : start + 256]).tobytes())
+        else:
+            for path in self.files:
+                digest.update(path.name.encode() + b"\0")
+                digest.update(path.read_bytes())
+        return digest.hexdigest()
+
+    def describe(self) -> str:
+        return f"{self.source} ({len(self)} images of {self.image_shape[1]}x{self.image_shape[0]})"
+
+
+def read_image_set(path: Path, *, flag: str = "--samples") -> ImageSet:
+    """Open a folder of images or an evaluator-layout `.npz` (see the module docstring).
+
+    Args:
+        path: the folder or `.npz` file.
+        flag: the command-line flag that named `path`, for error messages.
+
+    Raises:
+        UsageError: missing path, an empty folder, an `.npz` without uint8 (N, H, W, 3) images under `arr_0`,
+            labels of the wrong shape, an unreadable image, or images of different sizes.
+    """
+    if path.is_dir():
+        return _read_folder(path, flag)
+    if path.is_file() and path.suffix == ".npz":
+        return _read_npz(path, flag)
+    if path.exists():
+        raise UsageError(f"{flag} {path}: pass a folder of PNG/JPEG images or an .npz with images under arr_0")
+    raise UsageError(f"{flag} {path} not found: pass a folder of images (trainlab sample --out-dir) or an .npz")
+
+
+def _read_rgb(path: Path) -> np.ndarray:
+    try:
+        with Image.open(path) as img:
+            return np.array(img.convert("RGB"), dtype=np.uint8)  # a writable copy (PIL arrays are read-only)
+    except (OSError, UnidentifiedImageError) as err:
+        raise UsageError(f"{path} is not a readable image ({err}): delete or replace it") from None
+
+
+def _read_folder(folder: Path, flag: str) -> ImageSet:
+    files = tuple(sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
+    if not files:
+        raise UsageError(f"{flag} {folder} holds no .png/.jpg images (sub-folders are not searched)")
+    sizes: dict[tuple[int, int], Path] = {}
+    for path in files:  # headers only: a mixed folder fails before any feature is extracted
+        try:
+            with Image.open(path) as img:
+                sizes.setdefault(img.size, path)
+        except (OSError, UnidentifiedImageError) as err:
+            raise UsageError(f"{path} is not a readable image ({err}): delete or replace it") from None
+        if len(sizes) > 1:
+            (w1, h1), (w2, h2) = list(sizes)
+            first, other = sizes[(w1, h1)], sizes[(w2, h2)]
+            raise UsageError(
+                f"{flag} {folder} mixes image sizes ({first.name} is {w1}x{h1}, {other.name} is {w2}x{h2}): "
+                "evaluate one size at a time"
+            )
+    ((width, height),) = sizes
+    matches = [_LABEL_PATTERN.search(p.stem) for p in files]
+    labels_N = np.array([int(m.group(1)) for m in matches if m], dtype=np.int64) if all(matches) else None
+    return ImageSet(folder, files, None, (height, width, 3), labels_N)
+
+
+def _read_npz(path: Path, flag: str) -> ImageSet:
+    try:
+        with np.load(path) as npz:
+            names = set(npz.files)
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise UsageError(f"{flag} {path} is not a readable .npz ({err})") from None
+    if "arr_0" not in names:
+        raise UsageError(
+            f"{flag} {path} has no arr_0 (arrays: {', '.join(sorted(names)) or 'none'}): pass an .npz with uint8 "
+            "(N, H, W, 3) images under arr_0 (np.savez(path, images), or trainlab sample --out-dir)"
+        )
+    array_NHW3 = _map_npz_array(path, "arr_0")
+    if array_NHW3.dtype != np.uint8 or array_NHW3.ndim != 4 or array_NHW3.shape[-1] != 3:
+        raise UsageError(
+            f"{flag} {path}: arr_0 is {array_NHW3.dtype} {array_NHW3.shape}, expected uint8 (N, H, W, 3) images"
+        )
+    if array_NHW3.shape[0] == 0:
+        raise UsageError(f"{flag} {path}: arr_0 holds no images")
+    labels_N = None
+    if "arr_1" in names:
+        with np.load(path) as npz:
+            labels_N = np.asarray(npz["arr_1"])
+        if labels_N.shape != (array_NHW3.shape[0],) or not np.issubdtype(labels_N.dtype, np.integer):
+            raise UsageError(
+                f"{flag} {path}: arr_1 is {labels_N.dtype} {labels_N.shape}, expected int class labels "
+                f"({array_NHW3.shape[0]},)"
+            )
+        labels_N = labels_N.astype(np.int64)
+    return ImageSet(path, (), array_NHW3, tuple(array_NHW3.shape[1:]), labels_N)
+
+
+def _map_npz_array(path: Path, name: str) -> np.ndarray:
+    """Member `name` of an .npz, memory-mapped when it is stored uncompressed, else loaded."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(f"{name}.npy")
+        if info.compress_type == zipfile.ZIP_STORED:
+            with open(path, "rb") as raw:
+                raw.seek(info.header_offset)
+                fields = _ZIP_LOCAL_HEADER.unpack(raw.read(_ZIP_LOCAL_HEADER.size))
+                raw.seek(info.header_offset + _ZIP_LOCAL_HEADER.size + fields[-2] + fields[-1])
+                version = np.lib.format.read_magic(raw)
+                if version in ((1, 0), (2, 0)):
+                    reader = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, fortran_order, dtype = reader(raw)
+                    if not fortran_order and not dtype.hasobject and int(np.prod(shape)) > 0:
+                        return np.memmap(path, dtype=dtype, mode="r", offset=raw.tell(), shape=shape)
+    with np.load(path) as npz:
+        return np.asarray(npz[name])
