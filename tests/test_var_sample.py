@@ -165,6 +165,7 @@ def test_cli_fast_decode_is_the_official_image_within_a_rounding_step(
     assert np.abs(fast - plain).max() <= 1
     phases = next(r.getMessage() for r in caplog.records if "time per phase" in r.getMessage())
     assert all(f"{name} " in phases for name in ("startup", "load", "tokens", "decode", "write", "total"))
+    assert any("2 images sampled and decoded" in r.getMessage() for r in caplog.records)
 
 
 def test_cli_out_dir_npz_and_resume(ckpts: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -307,6 +307,10 @@ def main(argv: list[str]) -> int:
         print(f"wrote {len(labels)} PNGs to {out_dir} ({skipped} already there) and {npz}")
     timer.lap("write")
     log.info("time per phase: %s", timer.summary())
+    generated = len(labels) - skipped
+    if generated:
+        busy = timer.seconds.get("tokens", 0.0) + timer.seconds.get("decode", 0.0)
+        log.info("%d images sampled and decoded: %.2f images/s", generated, generated / max(busy, 1e-9))
     return 0
 
 
