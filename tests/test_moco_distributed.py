@@ -56,7 +56,8 @@ for arch in {archs!r}:
         {{"loss": loss.detach(), "mean_loss": mean_loss / 2, "local_loss": local_loss, "grads": grads}},
         f"{{out_dir}}/{{arch}}_rank{{rank}}.pt",
     )
-dist.cleanup()
+del ddp, model  # DDP holds the process group: drop it first, then meet the other rank before tearing down
+dist.cleanup(synchronize=True)
 """
 
 
