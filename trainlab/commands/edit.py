@@ -196,7 +196,8 @@ def main(argv: list[str]) -> int:
     device = resolve_device(config.device)
     vqvae, var = load_official(config.vae_weights, config.var_weights)
     check_tokenizer_matches(config.var_weights, config.vae_weights, vqvae)
-    ema_rows = int(read_state_dict(config.vae_weights, "VQVAE")["quantize.ema_vocab_hit_SV"].shape[0])
+    hits = read_state_dict(config.vae_weights, "VQVAE").get("quantize.ema_vocab_hit_SV")  # one row per scale
+    ema_rows = len(var.patch_nums) if hits is None else int(hits.shape[0])
     if ema_rows != len(var.patch_nums):
         raise UsageError(
             f"--vae {config.vae_weights} was built for {ema_rows} scales but --var {config.var_weights} has "
