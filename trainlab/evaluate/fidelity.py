@@ -46,10 +46,10 @@ from torch.utils.data import Dataset
 from trainlab.errors import UsageError
 from trainlab.evaluate.fid import frechet_distance
 from trainlab.evaluate.image_sets import ImageSet
+from trainlab.evaluate.inception import load_inception
 
 log = logging.getLogger(__name__)
 
-EXTRACTOR_NAME = "inception-v3-compat"
 POOL_FEATURES = "2048"
 FEATURE_LAYERS = ("64", "192", "768", "2048")
 LOGITS = "logits_unbiased"
@@ -90,7 +90,7 @@ def load_metric_inception(path: Path | None, device: torch.device, *, feature_la
             not a plain state_dict, or weights that do not fit the network.
     """
     _torch_fidelity()
-    from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3, FeatureExtractorInceptionV3
+    from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
 
     if feature_layer not in FEATURE_LAYERS:
         raise UsageError(f"feature layer {feature_layer!r} is not one of {', '.join(FEATURE_LAYERS)}")
@@ -100,19 +100,7 @@ def load_metric_inception(path: Path | None, device: torch.device, *, feature_la
             f"{given}: download torch-fidelity's release asset {URL_INCEPTION_V3} (the pt_inception-2015-12-05 "
             "weights) and pass its path"
         )
-    try:  # torch-fidelity reloads the file with weights_only=False: check first that it is plain tensors
-        torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # any unpickling problem is the user's file
-        first = (str(err).splitlines() or ["unreadable"])[0][:160]
-        raise UsageError(f"--inception-weights {path} is not a plain state_dict ({first})") from None
-    try:
-        extractor = FeatureExtractorInceptionV3(
-            EXTRACTOR_NAME, [feature_layer, LOGITS], feature_extractor_weights_path=str(path)
-        )
-    except RuntimeError as err:
-        first = str(err).splitlines()[0][:160]
-        raise UsageError(f"--inception-weights {path} does not fit torch-fidelity's InceptionV3 ({first})") from None
-    module: nn.Module = extractor.to(device)
+    module: nn.Module = load_inception(path, (feature_layer, LOGITS)).to(device)
     return module
 
 

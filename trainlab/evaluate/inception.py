@@ -6,6 +6,7 @@ Nothing is downloaded: pass `pt_inception-2015-12-05` (torch-fidelity's file) by
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -16,8 +17,9 @@ from trainlab.errors import UsageError
 log = logging.getLogger(__name__)
 
 
-def load_inception(path: Path) -> nn.Module:
-    """torch-fidelity's FeatureExtractorInceptionV3 ("inception-v3-compat", 2048-d features) with local weights.
+def load_inception(path: Path, features: Sequence[str] = ("2048",)) -> nn.Module:
+    """torch-fidelity's FeatureExtractorInceptionV3 ("inception-v3-compat") returning `features` (feature layer
+    names and/or "logits_unbiased"; default the 2048-d pool features) with local weights.
 
     Raises:
         UsageError: missing file, torch-fidelity not installed, not a plain state_dict, or weights that do not fit.
@@ -37,12 +39,12 @@ def load_inception(path: Path) -> nn.Module:
         raise UsageError(f"--inception-weights {path} is not a plain state_dict ({first})") from None
     try:
         extractor = FeatureExtractorInceptionV3(
-            "inception-v3-compat", ["2048"], feature_extractor_weights_path=str(path)
+            "inception-v3-compat", list(features), feature_extractor_weights_path=str(path)
         )
     except RuntimeError as err:
         first = str(err).splitlines()[0][:160]
         raise UsageError(f"--inception-weights {path} does not fit torch-fidelity's InceptionV3 ({first})") from None
-    log.info("rFID on: torch-fidelity InceptionV3 (2048-d pool features) from %s", path)
+    log.info("torch-fidelity InceptionV3 (%s) from %s", ", ".join(features), path)
     module: nn.Module = extractor
     return module
 
