@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from _env import environment, result_path, settings, write_result
 
+from trainlab.host_memory import configure_host_allocator
 from trainlab.models.var.blocks import MAX_LOG_SCALE_MUL, AdaLNSelfAttn, SelfAttention
 from trainlab.models.var.loading import export_official, load_tokenizer
 from trainlab.models.var.sample import filter_top_k_top_p_, generate
@@ -304,9 +305,12 @@ def official_train_step(
     return time.perf_counter() - t0, t_encode
 
 
-def case_train(
-    depth: int, repeats: int, command: TrainVarCommand, tokenizer: Path
-) -> tuple[dict[str, list[float]], dict[str, Any]]:
+def official_worker(depth: int, steps: int, tokenizer: Path, allocator: str) -> dict[str, float]:
+    """The official trainer in this (fresh) process: `steps` warm-up steps (the command's untimed epoch 1), then the
+    mean of `steps` timed steps (the command's timed epoch). `allocator`: `system` is glibc as the official code runs
+    with; `reuse` applies trainlab's host allocator policy (trainlab/host_memory.py) to the official code too."""
+    if allocator == "reuse":
+        configure_host_allocator("reuse")
     torch.manual_seed(0)
     vqvae = load_tokenizer(str(tokenizer), "auto", VARConfig.from_depth(depth).patch_nums)
     var = VAR(VARConfig.from_depth(depth)).train()
@@ -314,13 +318,41 @@ def case_train(
     img_B3HW = torch.rand(BATCH, 3, 256, 256) * 2 - 1
     label_B = torch.randint(0, 1000, (BATCH,))
     opt = torch.optim.AdamW(var.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.05, fused=True)
-    encode_times: list[float] = []
+    for _ in range(steps):
+        official_train_step(var, vqvae, opt, img_B3HW, label_B)
+    timed = [official_train_step(var, vqvae, opt, img_B3HW, label_B) for _ in range(steps)]
+    return {
+        "seconds_per_step": statistics.fmean(t for t, _ in timed),
+        "encode_s": statistics.fmean(e for _, e in timed),
+    }
+
+
+def run_official(depth: int, args: argparse.Namespace, tokenizer: Path, allocator: str) -> dict[str, float]:
+    threads = str(args.threads)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    steps = args.train_images // BATCH
+    argv = [sys.executable, __file__, "--official-worker", str(depth), "--official-steps", str(steps)]
+    argv += ["--official-allocator", allocator, "--threads", threads, "--tokenizer-path", str(tokenizer)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"the official worker failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def case_train(
+    depth: int, repeats: int, command: TrainVarCommand, tokenizer: Path, args: argparse.Namespace
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    encode_times: dict[str, list[float]] = {"official": [], "official_reuse": []}
     records: list[dict[str, Any]] = []
 
-    def official() -> float:
-        seconds, encode = official_train_step(var, vqvae, opt, img_B3HW, label_B)
-        encode_times.append(encode)
-        return seconds
+    def official(allocator: str, name: str) -> Callable[[], float]:
+        def run() -> float:
+            result = run_official(depth, args, tokenizer, allocator)
+            encode_times[name].append(result["encode_s"])
+            return result["seconds_per_step"]
+
+        return run
 
     def run_command(cached: bool) -> Callable[[], float]:
         def run() -> float:
@@ -331,22 +363,27 @@ def case_train(
         return run
 
     variants: dict[str, Callable[[], float]] = {
-        "official": official,
+        "official": official("system", "official"),
         "command": run_command(cached=False),
         "cached": run_command(cached=True),
+        "official_reuse": official("reuse", "official_reuse"),
     }
-    official()  # warm-up; the commands' first epoch is excluded by the engine
-    encode_times.clear()
     times: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(repeats):
         for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
             times[name].append(variants[name]())
-    var.eval()
+    torch.manual_seed(0)
+    vqvae = load_tokenizer(str(tokenizer), "auto", VARConfig.from_depth(depth).patch_nums)
+    var = VAR(VARConfig.from_depth(depth)).eval()
+    var.init_weights(0.5, 1e-3, 0.02, -1)
+    img_B3HW = torch.rand(BATCH, 3, 256, 256) * 2 - 1
+    label_B = torch.randint(0, 1000, (BATCH,))
     with torch.no_grad():
         x_BLCv = vqvae.quantize.idx_to_var_input(vqvae.img_to_idx(img_B3HW))
         gap = (var(label_B, x_BLCv, cond_drop_rate=0.0) - baseline_forward(var, label_B, x_BLCv, 0.0)).abs().max()
     extra = {
-        "official_encode_s": encode_times,
+        "official_encode_s": encode_times["official"],
+        "official_reuse_encode_s": encode_times["official_reuse"],
         "command_runs": records,
         "note": f"eval logits max |trainlab model - official forward| = {gap:.1e}",
     }
@@ -376,6 +413,10 @@ def report_train(
     print(f"\n{case}: B=8, 256 px, fp32, seconds per optimizer step, medians of {repeats} rounds; {extra['note']}")
     print(f"  tokenizer: {source}")
     print(f"  official trainer step {med['official']:.3f} s (min {min(times['official']):.3f}; encode {encode:.3f} s)")
+    print(
+        f"  official trainer step with trainlab's host allocator policy {med['official_reuse']:.3f} s "
+        f"(min {min(times['official_reuse']):.3f}) -> `{COMMAND}` is {med['official_reuse'] / med['command']:.2f}x that"
+    )
     for name, label in (("command", "re-encoding"), ("cached", "--use-token-cache")):
         print(
             f"  `{COMMAND}` ({label}) {med[name]:.3f} s (min {min(times[name]):.3f}) -> "
@@ -387,6 +428,8 @@ def report_train(
         "official_s": times["official"],
         "command_s": times["command"],
         "cached_s": times["cached"],
+        "official_reuse_s": times["official_reuse"],
+        "ratio_command_vs_official_reuse": med["official_reuse"] / med["command"],
         "ratio_command": med["official"] / med["command"],
         "ratio_cached": med["official"] / med["cached"],
         "command": command.shown(depth, cached=False),
@@ -410,7 +453,18 @@ def main() -> None:
     )
     parser.add_argument("--json", default="auto", help="result file ('auto': results/var_<case>_<...>_<date>.json)")
     parser.add_argument("--label", default="", help="what distinguishes this run (e.g. idlemachine), in the auto name")
+    parser.add_argument("--official-worker", type=int, default=0, help=argparse.SUPPRESS)  # depth; internal
+    parser.add_argument("--official-steps", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--official-allocator", choices=["system", "reuse"], default="system", help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer-path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.official_worker:
+        torch.set_num_threads(args.threads)
+        result = official_worker(
+            args.official_worker, args.official_steps, Path(args.tokenizer_path), args.official_allocator
+        )
+        print(json.dumps(result))
+        return
     if args.train_images < BATCH or args.train_epochs < 2:
         parser.error(f"--train-images must be >= {BATCH} and --train-epochs >= 2 (the engine does not time epoch 1)")
     torch.set_num_threads(args.threads)
@@ -434,7 +488,7 @@ def main() -> None:
                 results[case] = report_sample(*case_sample(args.repeats), args.repeats)
                 continue
             depth = int(case.split("_d")[1])
-            times, extra = case_train(depth, args.repeats, command, tokenizer)
+            times, extra = case_train(depth, args.repeats, command, tokenizer, args)
             results[case] = report_train(case, times, extra, command, source, args.repeats)
     env["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
     print(f"1-min load average at the end: {env['load_average_1min_at_end']}")

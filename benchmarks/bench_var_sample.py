@@ -18,7 +18,9 @@ OMP_NUM_THREADS = --threads:
              cache, full-vocabulary sort for top-p, `torch.multinomial`) under `inference_mode` as the demo runs it, the
              VQVAE decode with the official arithmetic (bmm attention, nearest upsample + conv, NCHW, in-place
              SiLU), `torchvision.utils.make_grid` + PIL.
-Both must produce identical tokens (checked every round). Whole-process wall time is measured from outside.
+  official_reuse  the same official flow with trainlab's host allocator policy applied first (`reuse`,
+             trainlab/host_memory.py): how much of the difference is that policy alone.
+All must produce identical tokens (checked every round). Whole-process wall time is measured from outside.
 """
 
 from __future__ import annotations
@@ -43,9 +45,15 @@ PHASES = ("startup", "load", "tokens", "decode", "write")
 
 
 # ------------------------------------------------------------------------------------- official flow (child)
-def child_official(vae_path: Path, var_path: Path, out: Path, tokens_out: Path) -> None:
-    """The official demo flow; prints one JSON line of phase seconds."""
+def child_official(vae_path: Path, var_path: Path, out: Path, tokens_out: Path, allocator: str) -> None:
+    """The official demo flow; prints one JSON line of phase seconds. `allocator` `reuse` applies trainlab's host
+    allocator policy (trainlab/host_memory.py) to it; `system` is glibc as the official code runs with."""
     import psutil
+
+    if allocator == "reuse":
+        from trainlab.host_memory import configure_host_allocator
+
+        configure_host_allocator("reuse")
 
     startup = time.time() - psutil.Process().create_time()
     t0 = time.perf_counter()
@@ -113,9 +121,11 @@ def run_trainlab(work: Path, threads: int, r: int) -> tuple[float, dict[str, flo
     return wall, phases, torch.load(tokens)
 
 
-def run_official(work: Path, threads: int, r: int) -> tuple[float, dict[str, float], list[torch.Tensor]]:
+def run_official(
+    work: Path, threads: int, r: int, allocator: str = "system"
+) -> tuple[float, dict[str, float], list[torch.Tensor]]:
     tokens = work / f"official_tokens_{r}.pt"
-    argv = [sys.executable, __file__, "--child-official", str(work), "--round", str(r)]
+    argv = [sys.executable, __file__, "--child-official", str(work), "--round", str(r), "--child-allocator", allocator]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=_env(threads), capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
@@ -146,42 +156,55 @@ def main() -> None:
     parser.add_argument("--label", default="", help="what distinguishes this run (e.g. idlemachine), in the auto name")
     parser.add_argument("--child-official", default="", help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--child-allocator", default="system", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_official:
         work = Path(args.child_official)
         r = args.round
-        child_official(work / "vae.pth", work / "var.pth", work / f"official_{r}.png", work / f"official_tokens_{r}.pt")
+        paths = (work / "vae.pth", work / "var.pth", work / f"official_{r}.png", work / f"official_tokens_{r}.pt")
+        child_official(*paths, args.child_allocator)
         return
     from _env import environment, result_path, settings, write_result
 
     torch.set_num_threads(args.threads)
     env = environment()
     print(f"{env['cpu_model']}; torch {env['torch']}, {args.threads} threads; load average {env['load_average_1min']}")
-    runs: dict[str, list[dict[str, Any]]] = {"trainlab": [], "official": []}
+    runs: dict[str, list[dict[str, Any]]] = {"trainlab": [], "official": [], "official_reuse": []}
+    flows = {
+        "trainlab": run_trainlab,
+        "official": run_official,
+        "official_reuse": lambda work, threads, r: run_official(work, threads, r, "reuse"),
+    }
     with tempfile.TemporaryDirectory(prefix="bench_var_sample_") as tmp:
         work = Path(tmp)
         write_weights(work)
         for r in range(args.repeats):
-            order = ("trainlab", "official") if r % 2 == 0 else ("official", "trainlab")
+            order = list(flows) if r % 2 == 0 else list(flows)[::-1]
             got = {}
             for name in order:
-                wall, phases, tokens = (run_trainlab if name == "trainlab" else run_official)(work, args.threads, r)
+                wall, phases, tokens = flows[name](work, args.threads, r)
                 runs[name].append({"wall_s": wall, **phases})
                 got[name] = tokens
                 shown = "  ".join(f"{k} {v:.2f}" for k, v in phases.items())
                 print(f"round {r} {name:8s} wall {wall:6.2f} s  {shown}")
-            same = all(torch.equal(a, b) for a, b in zip(got["trainlab"], got["official"]))
+            same = all(torch.equal(a, b) for name in got for a, b in zip(got["trainlab"], got[name]))
             if not same:
                 raise SystemExit("the two flows sampled different tokens: the comparison is void")
     med = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for name, rows in runs.items()}
     ratio = {k: med["official"][k] / med["trainlab"][k] for k in ("wall_s", *PHASES) if med["trainlab"][k] > 0}
+    ratio_reuse = {
+        k: med["official_reuse"][k] / med["trainlab"][k] for k in ("wall_s", *PHASES) if med["trainlab"][k] > 0
+    }
     print("medians (s):")
     for name, m in med.items():
         print(f"  {name:8s} " + "  ".join(f"{k} {v:.2f}" for k, v in m.items()))
     print("official / trainlab: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratio.items()))
+    print("official with trainlab's host allocator policy / trainlab: ", end="")
+    print("  ".join(f"{k} {v:.2f}x" for k, v in ratio_reuse.items()))
     env["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
     path = result_path(args.json, "var_sample", f"cpu{args.threads}t", args.label)
-    write_result(path, {"environment": env, "config": settings(args), "runs": runs, "medians": med, "ratio": ratio})
+    result = {"environment": env, "config": settings(args), "runs": runs, "medians": med, "ratio": ratio}
+    write_result(path, {**result, "ratio_vs_official_reuse": ratio_reuse})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from trainlab.errors import UsageError
+from trainlab.host_memory import configure_host_allocator
 
 log = logging.getLogger("trainlab")
 
@@ -74,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging()
     try:
+        configure_host_allocator()
         return _load(_COMMANDS[name][0])(rest)
     except UsageError as err:
         print(f"trainlab {name}: error: {err}", file=sys.stderr)

@@ -33,6 +33,7 @@ from PIL import Image
 
 from trainlab.config import option, parse
 from trainlab.errors import UsageError
+from trainlab.host_memory import host_allocator
 
 # Shape legend: B images in a batch, N images in total, H/W image side, pn token-map side.
 
@@ -246,6 +247,7 @@ def main(argv: list[str]) -> int:
     check_tokenizer_matches(config.var_weights, config.vae_weights, vqvae)
     if config.fast_decode:
         vqvae.optimize_for_inference()
+    log.info(host_allocator())
     log.info("decoder: %s", "fast (NHWC, SDPA, sub-pixel upsample)" if config.fast_decode else "official arithmetic")
     labels = _parse_classes(config.classes, var.num_classes, config.samples_per_class)
     if config.out is not None and len(labels) > 1024:

@@ -37,6 +37,7 @@ from trainlab.engine.seeding import rng_state, seed_everything, set_deterministi
 from trainlab.engine.signals import graceful_stop
 from trainlab.engine.step import StepRunner
 from trainlab.errors import TrainingStopped, UsageError
+from trainlab.host_memory import host_allocator
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class Trainer:
         self.write_outputs = write_outputs and self.is_main
         if self.write_outputs:
             prepare_run_dir(self.run_dir)
+        if self.device.type == "cpu":
+            log.info(host_allocator())
         log.info(
             "precision: %s (weights %s, autocast %s, loss scaling %s)",
             self.precision.name,
