@@ -4,11 +4,13 @@ glibc's malloc hands every block above its mmap threshold (dynamic, at most 32 M
 mmap, returns it with munmap when the block is freed, and trims the top of its heap. A training or sampling step on
 the CPU allocates and frees the same gigabytes of activations, logits and gradients every step, so the kernel maps,
 page-faults and zeroes the same memory again every step. With `reuse` (the default), glibc serves every block from
-its heaps and never trims them: the blocks freed by one step are reused by the next. Measured on the 2-core
-development CPU, `trainlab train var` at depth 4 (batch 8, fp32): 2.2-2.5 M minor page faults per run -> 0.4 M, and
-about a quarter off the step time; the official trainer gains as much from it (benchmarks/README.md, section 3).
-The price: the process keeps its peak heap until it exits (its resident size is its peak, as with PyTorch's CUDA
-caching allocator on the GPU).
+its heaps and never trims them: after a few steps the heap stops growing and every step reuses the blocks the
+previous one freed. Measured on the 2-core development CPU, `trainlab train var` at depth 4 (batch 8, fp32, two
+epochs of 30 steps): 9.8 M minor page faults -> 0.41 M, 1.54 -> 1.36 s per step in the second epoch; the official
+trainer's step gains about as much from it (1.88 -> 1.58 s; benchmarks/README.md, section 3). The price: the process
+keeps its peak heap until it exits, and that heap is larger than glibc's own peak because freed blocks are not
+always the right size for the next request (VAR-d4 over 80 steps: resident 2.67 GB, flat from the second step,
+against 1.85-2.05 GB with the defaults).
 
 The policy is chosen with the environment variable TRAINLAB_HOST_ALLOCATOR (`reuse` or `system`: glibc's own
 defaults), applied once per process by the CLI and logged by `trainlab train` (on the CPU) and `trainlab sample`.
@@ -48,6 +50,16 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 _applied: str | None = None
+_reusing = False
+
+# `reuse` keeps up to about 1.3x glibc's peak resident (the VAR-d4 measurement above); a CPU plan against available
+# RAM leaves that much room
+REUSE_HEADROOM = 0.75
+
+
+def reuses_freed_memory() -> bool:
+    """Whether this process runs with the `reuse` policy in effect (glibc accepted it)."""
+    return _reusing
 
 
 def host_allocator() -> str:
@@ -57,8 +69,9 @@ def host_allocator() -> str:
 
 def configure_host_allocator(policy: str | None = None) -> str:
     """Apply `policy` (default: $TRAINLAB_HOST_ALLOCATOR, else `reuse`); returns (and remembers) the line to log."""
-    global _applied
+    global _applied, _reusing
     _applied = _apply(policy)
+    _reusing = _applied.startswith("host allocator: glibc")
     return _applied
 
 

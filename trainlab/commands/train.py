@@ -23,6 +23,7 @@ from trainlab import dist
 from trainlab.config import Auto, parse
 from trainlab.engine.recipe import Recipe, TrainConfig
 from trainlab.errors import UsageError
+from trainlab.host_memory import REUSE_HEADROOM, reuses_freed_memory
 from trainlab.recipes import get_recipe, list_recipes
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,13 @@ def free_memory(device: torch.device) -> tuple[int, str]:
         return int(free), f"free on {device} per torch.cuda.mem_get_info"
     import psutil
 
-    return int(psutil.virtual_memory().available), "RAM available on this machine per psutil (a CPU run)"
+    available = int(psutil.virtual_memory().available)
+    if reuses_freed_memory():
+        return int(available * REUSE_HEADROOM), (
+            f"{REUSE_HEADROOM:.0%} of the RAM available per psutil (a CPU run; the rest is left to the host "
+            "allocator's reuse heap, trainlab/host_memory.py)"
+        )
+    return available, "RAM available on this machine per psutil (a CPU run)"
 
 
 def resolve_auto_accumulation(recipe_cls: type[Recipe[Any]], config: TrainConfig) -> int:
