@@ -256,8 +256,7 @@ class TrainVarCommand:
     def seconds_per_step(self, depth: int, cached: bool) -> tuple[float, dict[str, Any]]:
         run_dir = self.work / f"run_d{depth}_{self.runs}"
         self.runs += 1
-        threads = str(self.args.threads)
-        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        env = _child_env(self.args.threads)
         t0 = time.perf_counter()
         proc = subprocess.run(self.argv(depth, run_dir, cached), env=env, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - t0
@@ -305,18 +304,27 @@ def official_train_step(
     return time.perf_counter() - t0, t_encode
 
 
+def _setup(depth: int, tokenizer: Path) -> tuple[VQVAE, VAR, torch.Tensor, torch.Tensor]:
+    """The tokenizer, a VAR of `depth` with the official init, and one batch of images and labels (seed 0)."""
+    torch.manual_seed(0)
+    vqvae = load_tokenizer(str(tokenizer), "auto", VARConfig.from_depth(depth).patch_nums)
+    var = VAR(VARConfig.from_depth(depth))
+    var.init_weights(0.5, 1e-3, 0.02, -1)
+    return vqvae, var, torch.rand(BATCH, 3, 256, 256) * 2 - 1, torch.randint(0, 1000, (BATCH,))
+
+
+def _child_env(threads: int) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
 def official_worker(depth: int, steps: int, tokenizer: Path, allocator: str) -> dict[str, float]:
     """The official trainer in this (fresh) process: `steps` warm-up steps (the command's untimed epoch 1), then the
     mean of `steps` timed steps (the command's timed epoch). `allocator`: `system` is glibc as the official code runs
     with; `reuse` applies trainlab's host allocator policy (trainlab/host_memory.py) to the official code too."""
     if allocator == "reuse":
         configure_host_allocator("reuse")
-    torch.manual_seed(0)
-    vqvae = load_tokenizer(str(tokenizer), "auto", VARConfig.from_depth(depth).patch_nums)
-    var = VAR(VARConfig.from_depth(depth)).train()
-    var.init_weights(0.5, 1e-3, 0.02, -1)
-    img_B3HW = torch.rand(BATCH, 3, 256, 256) * 2 - 1
-    label_B = torch.randint(0, 1000, (BATCH,))
+    vqvae, var, img_B3HW, label_B = _setup(depth, tokenizer)
+    var.train()
     opt = torch.optim.AdamW(var.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.05, fused=True)
     for _ in range(steps):
         official_train_step(var, vqvae, opt, img_B3HW, label_B)
@@ -328,12 +336,10 @@ def official_worker(depth: int, steps: int, tokenizer: Path, allocator: str) -> 
 
 
 def run_official(depth: int, args: argparse.Namespace, tokenizer: Path, allocator: str) -> dict[str, float]:
-    threads = str(args.threads)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     steps = args.train_images // BATCH
     argv = [sys.executable, __file__, "--official-worker", str(depth), "--official-steps", str(steps)]
-    argv += ["--official-allocator", allocator, "--threads", threads, "--tokenizer-path", str(tokenizer)]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    argv += ["--official-allocator", allocator, "--threads", str(args.threads), "--tokenizer-path", str(tokenizer)]
+    proc = subprocess.run(argv, env=_child_env(args.threads), capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"the official worker failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -372,12 +378,8 @@ def case_train(
     for r in range(repeats):
         for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
             times[name].append(variants[name]())
-    torch.manual_seed(0)
-    vqvae = load_tokenizer(str(tokenizer), "auto", VARConfig.from_depth(depth).patch_nums)
-    var = VAR(VARConfig.from_depth(depth)).eval()
-    var.init_weights(0.5, 1e-3, 0.02, -1)
-    img_B3HW = torch.rand(BATCH, 3, 256, 256) * 2 - 1
-    label_B = torch.randint(0, 1000, (BATCH,))
+    vqvae, var, img_B3HW, label_B = _setup(depth, tokenizer)
+    var.eval()
     with torch.no_grad():
         x_BLCv = vqvae.quantize.idx_to_var_input(vqvae.img_to_idx(img_B3HW))
         gap = (var(label_B, x_BLCv, cond_drop_rate=0.0) - baseline_forward(var, label_B, x_BLCv, 0.0)).abs().max()

@@ -70,27 +70,25 @@ def host_allocator() -> str:
 def configure_host_allocator(policy: str | None = None) -> str:
     """Apply `policy` (default: $TRAINLAB_HOST_ALLOCATOR, else `reuse`); returns (and remembers) the line to log."""
     global _applied, _reusing
-    _applied = _apply(policy)
-    _reusing = _applied.startswith("host allocator: glibc")
+    _applied, _reusing = _apply(policy)
     return _applied
 
 
-def _apply(policy: str | None) -> str:
+def _apply(policy: str | None) -> tuple[str, bool]:
+    """The log line, and whether glibc now keeps freed memory."""
     policy = policy if policy is not None else os.environ.get(ENV_VAR, "reuse")
     if policy not in POLICIES:
         choices = ", ".join(POLICIES)
         raise UsageError(f"{ENV_VAR}={policy!r} is not a host allocator policy; set it to one of: {choices}")
     if policy == "system":
-        return f"host allocator: the C library's defaults ({ENV_VAR}=system)"
+        return f"host allocator: the C library's defaults ({ENV_VAR}=system)", False
     libc = _glibc()
     if libc is None:
-        return "host allocator: the C library's defaults (not glibc: the `reuse` policy applies to glibc only)"
+        return "host allocator: the C library's defaults (not glibc: the `reuse` policy applies to glibc only)", False
     # mallopt returns 1 on success; M_MMAP_MAX 0: no block gets its own mapping; M_TRIM_THRESHOLD at its maximum:
     # the heap top is not given back
     if libc.mallopt(_M_MMAP_MAX, 0) != 1 or libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX) != 1:
-        return "host allocator: the C library's defaults (glibc refused mallopt)"
+        return "host allocator: the C library's defaults (glibc refused mallopt)", False
     version = libc.gnu_get_libc_version().decode()
-    return (
-        f"host allocator: glibc {version} keeps freed memory for reuse (no mmap per block, no trim; "
-        f"{ENV_VAR}=system for its defaults)"
-    )
+    line = f"host allocator: glibc {version} keeps freed memory for reuse (no mmap per block, no trim; "
+    return line + f"{ENV_VAR}=system for its defaults)", True
