@@ -24,6 +24,7 @@ architecture (random init), where the encoder is ~13 s of each step. Variants:
              AdamW, schedule, logging.
   cached     the same command with `--use-token-cache true` (tokens encoded once, before training, from a center
              crop: no random crop per epoch; the cache is built once for all rounds and excluded from the timing).
+  compiled   the re-encoding command with `--compile true` (the compile falls in the untimed epoch 1).
 Each in-process variant gets one warm-up step; the rounds alternate the variants' order; medians (and minima) are
 reported, and the official step's encode share. Sampling case sample_d4: d4, B=4 labels, cfg 1.5, top-k 900,
 top-p 0.95, seed 0, VAR + sampling + f_hat without the VQVAE decode; ours = `models.var.sample.generate`, baseline =
@@ -218,7 +219,7 @@ class TrainVarCommand:
     def __init__(self, work: Path, tokenizer: Path, args: argparse.Namespace) -> None:
         self.work, self.tokenizer, self.args, self.runs = work, tokenizer, args, 0
 
-    def argv(self, depth: int, run_dir: Path, cached: bool) -> list[str]:
+    def argv(self, depth: int, run_dir: Path, cached: bool, compiled: bool = False) -> list[str]:
         a = self.args
         flags: dict[str, object] = {
             "--run-dir": run_dir,
@@ -232,6 +233,8 @@ class TrainVarCommand:
             "--tokenizer": self.tokenizer,
             "--use-token-cache": cached,
         }
+        if compiled:
+            flags["--compile"] = True
         if cached:  # one cache per image count: a cache built for another --train-images would be refused as stale
             flags["--token-cache-path"] = self.work / f"token_cache_{self.tokenizer.stem}_{a.train_images}images"
         flags.update(
@@ -253,12 +256,14 @@ class TrainVarCommand:
         argv = self.argv(depth, self.work / f"run_d{depth}", cached)
         return shlex.join(["trainlab", *argv[3:]]).replace(str(self.work), "$WORK")
 
-    def seconds_per_step(self, depth: int, cached: bool) -> tuple[float, dict[str, Any]]:
+    def seconds_per_step(self, depth: int, cached: bool, compiled: bool = False) -> tuple[float, dict[str, Any]]:
         run_dir = self.work / f"run_d{depth}_{self.runs}"
         self.runs += 1
         env = _child_env(self.args.threads)
         t0 = time.perf_counter()
-        proc = subprocess.run(self.argv(depth, run_dir, cached), env=env, capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            self.argv(depth, run_dir, cached, compiled), env=env, capture_output=True, text=True, check=False
+        )
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.splitlines()[-15:])
@@ -269,6 +274,7 @@ class TrainVarCommand:
         seconds = BATCH / summary["images_per_second"]  # = seconds_per_epoch / steps per epoch
         record = {
             "cached_tokens": cached,
+            "compiled": compiled,
             "seconds_per_step": seconds,
             "seconds_per_epoch": summary["seconds_per_epoch"],
             "epochs_timed": summary["epochs_timed"],
@@ -360,9 +366,9 @@ def case_train(
 
         return run
 
-    def run_command(cached: bool) -> Callable[[], float]:
+    def run_command(cached: bool, compiled: bool = False) -> Callable[[], float]:
         def run() -> float:
-            seconds, record = command.seconds_per_step(depth, cached)
+            seconds, record = command.seconds_per_step(depth, cached, compiled)
             records.append(record)
             return seconds
 
@@ -372,6 +378,7 @@ def case_train(
         "official": official("system", "official"),
         "command": run_command(cached=False),
         "cached": run_command(cached=True),
+        "compiled": run_command(cached=False, compiled=True),
         "official_reuse": official("reuse", "official_reuse"),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -419,7 +426,7 @@ def report_train(
         f"  official trainer step with trainlab's host allocator policy {med['official_reuse']:.3f} s "
         f"(min {min(times['official_reuse']):.3f}) -> `{COMMAND}` is {med['official_reuse'] / med['command']:.2f}x that"
     )
-    for name, label in (("command", "re-encoding"), ("cached", "--use-token-cache")):
+    for name, label in (("command", "re-encoding"), ("cached", "--use-token-cache"), ("compiled", "--compile")):
         print(
             f"  `{COMMAND}` ({label}) {med[name]:.3f} s (min {min(times[name]):.3f}) -> "
             f"{med['official'] / med[name]:.2f}x the official step"
@@ -431,6 +438,8 @@ def report_train(
         "command_s": times["command"],
         "cached_s": times["cached"],
         "official_reuse_s": times["official_reuse"],
+        "compiled_s": times["compiled"],
+        "ratio_compiled": med["official"] / med["compiled"],
         "ratio_command_vs_official_reuse": med["official_reuse"] / med["command"],
         "ratio_command": med["official"] / med["command"],
         "ratio_cached": med["official"] / med["cached"],

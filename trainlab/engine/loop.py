@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainlab import dist
 from trainlab.config import to_dict
 from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, load_checkpoint, non_finite_weights
+from trainlab.engine.compile import check_compile_toolchain, compile_for_training
 from trainlab.engine.data import StepBatchSampler, build_loader
 from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
@@ -63,6 +64,7 @@ ENGINE_MAY_CHANGE = (
     "progress",
     "deterministic",
     "activation_checkpointing",  # the same losses and gradients, recomputed
+    "compile",  # the same computation, float arithmetic reordered
     "ddp_find_unused_parameters",
     "memory_snapshot",
     "debug",
@@ -118,6 +120,7 @@ class Trainer:
         self.precision = Precision.parse(cfg.precision)
         check_device_support(self.precision, self.device)
         check_activation_checkpointing(recipe)
+        compiler = check_compile_toolchain(self.device) if cfg.compile else ""
         if cfg.memory_snapshot and self.device.type != "cuda":
             raise UsageError("--memory-snapshot records the CUDA caching allocator and needs a CUDA device")
         dist.init(self.device.type)
@@ -176,6 +179,11 @@ class Trainer:
         }
         self.schedulers = {p.name: Scheduler(p.optimizer, cfg.schedule, self.total_steps) for p in self.phases}
         self.wrapped = self._wrap_ddp()
+        if cfg.compile:
+            trained = sorted({name for phase in self.phases for name in phase.modules})
+            for name in trained:
+                self.wrapped[name] = compile_for_training(self.wrapped[name])
+            log.info("compile: %s of %s for training steps (evaluation stays eager)", compiler, ", ".join(trained))
         self.runner = StepRunner(
             recipe=recipe,
             phases=self.phases,

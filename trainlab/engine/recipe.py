@@ -17,7 +17,8 @@ else: devices, precision, accumulation, DDP, clipping, schedules, checkpoints, l
 
 Multi-optimizer recipes (a GAN's generator and discriminator) declare several `Phase`s. Each optimizer step runs
 the phases in order over the same micro-batches; during a phase only that phase's parameters require gradients,
-and only that phase's modules are DDP-wrapped in the mapping handed to `train_step`. Frozen models (a tokenizer, a
+and only that phase's modules are DDP-wrapped (and compiled, with --compile) in the mapping handed to `train_step`;
+`unwrap_model` reaches the model under those wrappers. Frozen models (a tokenizer, a
 perceptual network, a judge) are in that mapping too: on the device, in eval mode, without gradients, in no
 optimizer and in no checkpoint, and never cast by the precision mode (the recipe picks their dtype).
 """
@@ -34,6 +35,7 @@ from typing import Any, Generic, Literal, TypeVar, get_args
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from trainlab.config import option
@@ -112,6 +114,9 @@ class TrainConfig:
     activation_checkpointing: bool = option(
         False, "recompute activations in backward instead of keeping them (less memory, one more forward per block)"
     )
+    compile: bool = option(
+        False, "torch.compile the trained models' training forward (inductor; the first step compiles)"
+    )
     memory_snapshot: str = option("", "write a CUDA memory snapshot (pytorch.org/memory_viz) of the first steps here")
     debug: bool = option(False, "tiny data, a few steps, save, reload, more steps; check resumed losses match")
 
@@ -183,6 +188,18 @@ class TrainParts:
 
 
 ConfigT = TypeVar("ConfigT", bound=TrainConfig)
+
+
+def unwrap_model(module: nn.Module) -> nn.Module:
+    """The model itself under the engine's wrappers (DDP, `--compile`), to reach its own methods and attributes
+    from `train_step` / `after_optimizer_step` (calling the wrapped module runs its forward)."""
+    while True:
+        inner = getattr(module, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if not isinstance(inner, nn.Module):
+            inner = module.module if isinstance(module, DistributedDataParallel) else None
+        if inner is None:
+            return module
+        module = inner
 
 
 def check_activation_checkpointing(recipe: Recipe[Any]) -> None:

@@ -163,7 +163,7 @@ class StepRunner:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         for name in phase.modules:
-            module = self.wrapped[name]
+            module = getattr(self.wrapped[name], "_orig_mod", self.wrapped[name])  # under torch.compile
             if isinstance(module, DistributedDataParallel):
                 stack.enter_context(module.no_sync())
         return stack

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 from trainlab import dist
 from trainlab.config import option
 from trainlab.data.ssl_views import HALF, IMAGENET_MEAN, IMAGENET_STD, TensorTwoViews, ViewSpec, normalise
-from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.evaluate.knn import extract_features, knn_accuracy
@@ -185,7 +185,7 @@ def knn_of_features(
 
 
 def _unwrap(model: nn.Module) -> MoCo:
-    inner = getattr(model, "module", model)
+    inner = unwrap_model(model)
     assert isinstance(inner, MoCo), type(inner)
     return inner
 

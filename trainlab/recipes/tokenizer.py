@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainlab import dist
 from trainlab.config import option
 from trainlab.data.splits import reconstruction_splits
-from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.evaluate.fid import feature_statistics, frechet_distance
@@ -195,11 +195,6 @@ class TokenizerConfig(TrainConfig):
 
 
 # ---------------------------------------------------------------------------------------------------- recipe
-def _unwrap(module: nn.Module) -> nn.Module:
-    inner = getattr(module, "module", None)
-    return inner if isinstance(inner, nn.Module) else module
-
-
 class TokenizerRecipe(Recipe[TokenizerConfig]):
     """Two phases, "generator" (the VQVAE) then "discriminator"; see the module docstring."""
 
@@ -328,7 +323,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             logits_fake = models["discriminator"](recon_B3HW)  # D's parameters are frozen by the engine
             g_loss = generator_loss(logits_fake, c.gan_loss)
             if c.adaptive_weight:
-                vqvae = _unwrap(models["vqvae"])
+                vqvae = unwrap_model(models["vqvae"])
                 assert isinstance(vqvae, VQVAE)
                 last_layer = vqvae.decoder.conv_out.weight
                 weight = adaptive_gan_weight(recon_loss, g_loss, last_layer, c.max_adaptive_weight)
@@ -361,7 +356,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         """Add one micro-batch's code assignments to the step's statistics (used once, after the optimizer step)."""
         if self.ema is None and self.dead_codes is None:
             return
-        vqvae = _unwrap(models["vqvae"])
+        vqvae = unwrap_model(models["vqvae"])
         assert isinstance(vqvae, VQVAE)
         if info.micro_step == 0 or self._pending is None:
             self._pending = StepAssignments()
@@ -376,7 +371,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
 
     def _maintain_codebook(self, models: Mapping[str, nn.Module], stats: StepAssignments, step: int) -> int:
         """EMA update and dead-code restart on one optimizer step's statistics (identical on every rank)."""
-        vqvae = _unwrap(models["vqvae"])
+        vqvae = unwrap_model(models["vqvae"])
         assert isinstance(vqvae, VQVAE) and stats.counts_V is not None
         weight_VC = vqvae.quantize.embedding.weight
         counts_V = stats.counts_V
@@ -401,7 +396,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         return restarted
 
     def _discriminator_step(self, models: Mapping[str, nn.Module], img_B3HW: torch.Tensor) -> dict[str, Any]:
-        vqvae = _unwrap(models["vqvae"])
+        vqvae = unwrap_model(models["vqvae"])
         assert isinstance(vqvae, VQVAE)
         with torch.no_grad():  # fresh fakes from the just-updated generator, no graph through it
             f_BChw = vqvae.encode(img_B3HW)
@@ -422,7 +417,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         c = self.config
         if c.eval_size == 0 or self._heldout is None:
             return {}
-        vqvae = _unwrap(models["vqvae"])
+        vqvae = unwrap_model(models["vqvae"])
         assert isinstance(vqvae, VQVAE)
         dtype = vqvae.post_quant_conv.weight.dtype
         loader = DataLoader(self._heldout, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
