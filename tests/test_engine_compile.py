@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,15 @@ import torch
 from torch import nn
 
 from trainlab.cli import main
+from trainlab.engine.compile import CPP_COMPILERS
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import TrainConfig, unwrap_model
 from trainlab.recipes import get_recipe
+
+needs_compiler = pytest.mark.skipif(
+    not any(map(shutil.which, CPP_COMPILERS)), reason="torch.compile on the CPU needs a C++ compiler on PATH"
+)
 
 
 def _debug_config(recipe: str, run_dir: Path, **kw: Any) -> TrainConfig:
@@ -29,6 +35,7 @@ def _debug_config(recipe: str, run_dir: Path, **kw: Any) -> TrainConfig:
     return dataclasses.replace(cfg, run_dir=run_dir, tensorboard=False, progress=False, **kw)
 
 
+@needs_compiler
 def test_compiled_var_equals_eager_within_rounding_and_resumes_to_the_bit(tmp_path: Path) -> None:
     var = get_recipe("var")
     eager = Trainer(var(_debug_config("var", tmp_path / "eager"))).fit().losses
@@ -70,6 +77,7 @@ def test_missing_cpp_compiler_is_one_line(
     assert not (tmp_path / "run" / "ckpt").exists()
 
 
+@needs_compiler
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["toy", "cifar", "moco", "tokenizer", "linear-probe"])
 def test_every_recipe_debug_check_passes_compiled(recipe: str, tmp_path: Path) -> None:

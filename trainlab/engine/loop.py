@@ -183,7 +183,11 @@ class Trainer:
             trained = sorted({name for phase in self.phases for name in phase.modules})
             for name in trained:
                 self.wrapped[name] = compile_for_training(self.wrapped[name])
-            log.info("compile: %s of %s for training steps (evaluation stays eager)", compiler, ", ".join(trained))
+            log.info(
+                "compile: %s of %s for training steps (deterministic kernels; evaluation stays eager)",
+                compiler,
+                ", ".join(trained),
+            )
         self.runner = StepRunner(
             recipe=recipe,
             phases=self.phases,
