@@ -83,6 +83,7 @@ def test_missing_cpp_compiler_is_one_line(
 def test_every_recipe_debug_check_passes_compiled(recipe: str, tmp_path: Path) -> None:
     """`trainlab train RECIPE --debug --compile`: straight vs stopped, saved, reloaded and finished, bit for bit."""
     recipe_cls = get_recipe(recipe)
-    cfg = dataclasses.replace(recipe_cls(recipe_cls.config_class()).config, compile=True, progress=False)
-    report = run_debug_check(recipe_cls, recipe_cls(cfg), tmp_path / "debug")
+    report = run_debug_check(
+        recipe_cls, recipe_cls(recipe_cls.config_class(compile=True, progress=False)), tmp_path / "debug"
+    )
     assert report.passed, report.line()

@@ -1,8 +1,9 @@
 """`--compile`: the trained models' training forward through `torch.compile` (TorchInductor).
 
-What is compiled: each trained model as `train_step` receives it (after DDP wrapping, so DDP's bucketed all-reduce
-stays in the compiled graph's backward). Evaluation, exports and frozen models run the plain eager modules. The
-first step of each distinct input shape compiles (tens of seconds on a CPU); later steps run the fused kernels.
+What is compiled: each trained model as `train_step` receives it (under DDP the DDP wrapper is compiled, the order
+torch documents for DDP; single-process runs are what the tests cover). Evaluation, exports and frozen models run
+the plain eager modules. The first step of each distinct input shape compiles (tens of seconds on a CPU); later
+steps run the fused kernels.
 
 What it changes: float arithmetic is reordered and fused, so losses differ from eager within float rounding
 (tests/test_engine_compile.py measures it). Random ops (dropout, DropPath, class dropout) keep eager's RNG stream
