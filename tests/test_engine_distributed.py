@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainlab import dist
 from trainlab.engine.checkpoint import load_checkpoint
+from trainlab.engine.compile import CPP_COMPILERS
 from trainlab.engine.loop import Trainer
 from trainlab.recipes.toy import ToyConfig, ToyRecipe
+
+needs_compiler = pytest.mark.skipif(
+    not any(map(shutil.which, CPP_COMPILERS)), reason="torch.compile on the CPU needs a C++ compiler on PATH"
+)
 
 COMMON = [
     "train",
@@ -91,7 +98,7 @@ def test_two_processes_equal_one_process(tmp_path: Path, python: str, run_env: d
         if json.loads(x)["kind"] == "train"
     ]
     losses_two = [r["loss"] for r in rows if r["kind"] == "train"]  # averaged across ranks
-    assert losses_two == __import__("pytest").approx(losses_one, rel=1e-5)
+    assert losses_two == pytest.approx(losses_one, rel=1e-5)
 
 
 COUNT_NO_SYNC = """
@@ -124,24 +131,27 @@ sys.exit(code)
 """
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler, id="compile")])
 def test_ddp_accumulation_runs_early_micro_steps_in_no_sync(
-    tmp_path: Path, python: str, run_env: dict[str, str]
+    tmp_path: Path, python: str, run_env: dict[str, str], compiled: bool
 ) -> None:
     """2 processes x 2 micro-steps x 4 = 1 process x 16; the first micro-step's forward and backward skip the
-    all-reduce (inside `no_sync`), once per optimizer step on every rank."""
+    all-reduce (inside `no_sync`), once per optimizer step on every rank. With `--compile` the DDP wrapper is compiled
+    (torch's order: wrap, then compile): the same steps, the same `no_sync`, against the same eager single process."""
     one, two = tmp_path / "one", tmp_path / "two"
     script = tmp_path / "count_no_sync.py"
     script.write_text(COUNT_NO_SYNC)
     _train_one_process(python, one, run_env)
     torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     launched = subprocess.run(
-        [*torchrun, *COMMON, "--grad-accumulation", "2", "--run-dir", str(two)],
+        [*torchrun, *COMMON, "--grad-accumulation", "2", "--compile", str(compiled).lower(), "--run-dir", str(two)],
         env={**run_env, "COUNT_DIR": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert launched.returncode == 0, launched.stderr[-3000:]
+    assert ("compile: torch.compile" in launched.stderr) == compiled
     a = load_checkpoint(one / "ckpt" / "last.pt")["models"]["model"]
     b = load_checkpoint(two / "ckpt" / "last.pt")["models"]["model"]
     for name in a:

@@ -1,7 +1,8 @@
 """`--compile`: the trained models' training forward through `torch.compile` (TorchInductor).
 
 What is compiled: each trained model as `train_step` receives it (under DDP the DDP wrapper is compiled, the order
-torch documents for DDP; single-process runs are what the tests cover). Evaluation, exports and frozen models run
+torch documents for DDP; tests/test_engine_distributed.py runs it in 2 gloo processes with accumulation under
+`no_sync`). Evaluation, exports and frozen models run
 the plain eager modules. The first step of each distinct input shape compiles (tens of seconds on a CPU); later
 steps run the fused kernels.
 
