@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,18 @@ from typing import Any
 import pytest
 import torch
 
+from trainlab.engine.compile import CPP_COMPILERS
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TRAINLAB_SHARED", REPO.parent / "shared"))  # reference material
 VAR_FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+# torch.compile on the CPU writes C++ kernels: tests that compile skip where no compiler is on PATH
+needs_compiler = pytest.mark.skipif(
+    not any(map(shutil.which, CPP_COMPILERS)), reason="torch.compile on the CPU needs a C++ compiler on PATH"
+)
 
 
 @pytest.fixture(scope="session")

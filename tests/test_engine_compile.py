@@ -9,24 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import needs_compiler
 from torch import nn
 
 from trainlab.cli import main
-from trainlab.engine.compile import CPP_COMPILERS
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import TrainConfig, unwrap_model
 from trainlab.recipes import get_recipe
-
-needs_compiler = pytest.mark.skipif(
-    not any(map(shutil.which, CPP_COMPILERS)), reason="torch.compile on the CPU needs a C++ compiler on PATH"
-)
 
 
 def _debug_config(recipe: str, run_dir: Path, **kw: Any) -> TrainConfig:

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_compiler
 
 from trainlab import dist
 from trainlab.engine.checkpoint import load_checkpoint
-from trainlab.engine.compile import CPP_COMPILERS
 from trainlab.engine.loop import Trainer
 from trainlab.recipes.toy import ToyConfig, ToyRecipe
-
-needs_compiler = pytest.mark.skipif(
-    not any(map(shutil.which, CPP_COMPILERS)), reason="torch.compile on the CPU needs a C++ compiler on PATH"
-)
 
 COMMON = [
     "train",
