@@ -56,3 +56,14 @@ def test_a_flag_the_recipe_does_not_take_is_the_train_error(capsys: pytest.Captu
     assert main(["plan", "toy", "--depth", "16"]) == 2
     plan_err = capsys.readouterr().err
     assert plan_err.replace("trainlab plan", "trainlab train") == train_err
+
+
+def test_a_compiled_run_is_planned_as_the_eager_step_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--device", "cpu", "--json"]) == 0
+    eager = json.loads(capsys.readouterr().out)
+    assert main(["plan", *TOY, "--device", "cpu", "--compile", "true", "--json"]) == 0
+    compiled = json.loads(capsys.readouterr().out)
+    assert compiled["compile_planned_as_eager"] is True and eager["compile_planned_as_eager"] is False
+    assert compiled["total_bytes"] == eager["total_bytes"]  # nothing is compiled while planning
+    assert main(["plan", *TOY, "--device", "cpu", "--compile", "true"]) == 0
+    assert "--compile: planned as the eager step" in capsys.readouterr().out

@@ -134,6 +134,7 @@ def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
         "micro_batch": b.micro_batch,
         "grad_accumulation": b.grad_accumulation,
         "activation_checkpointing": result.activation_checkpointing,
+        "compile_planned_as_eager": result.compiled,
         "parameters": b.parameters,
         "parameters_bytes": b.parameters_bytes,
         "gradients_bytes": b.gradients_bytes,
@@ -206,6 +207,11 @@ def render(result: Plan, hand: HandEstimate) -> str:
         else:
             lines.append("  (context and workspaces: pass --gpu NAME|GiB)")
     lines.append(f"{'total':<40}{_gib(result.total_bytes):>16}")
+    if result.compiled:
+        lines.append(
+            "--compile: planned as the eager step (inductor's fused kernels usually keep fewer intermediates; "
+            "not modelled)"
+        )
     if result.gpu is not None:
         verdict = "FITS" if result.fits else "DOES NOT FIT"
         lines.append(

@@ -77,6 +77,8 @@ class Plan:
     levers: list[Lever] = field(default_factory=list)
     traces: int = 1
     activation_checkpointing: bool = False
+    # --compile runs are traced as the eager step (inductor's fused kernels usually keep fewer intermediates)
+    compiled: bool = False
 
 
 def overheads(device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_bytes: int, has_conv: bool) -> Overheads:
@@ -146,6 +148,7 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         total_bytes=total(main),
         gpu=request.gpu,
         activation_checkpointing=cfg.activation_checkpointing,
+        compiled=cfg.compile,
     )
     if request.gpu is None:
         return result
