@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 from trainlab.errors import UsageError
 from trainlab.host_memory import _glibc, configure_host_allocator
 
-# A small training step (an MLP on a 4096-row batch: 32 MiB hidden activations and their gradients), ten times; the
+# A small training step (an MLP on a 4096-row batch: 32 MiB hidden activations and their gradients), 16 times; the
 # minor page faults of each step. With glibc's defaults the large blocks are mappings of their own, unmapped when
 # freed and faulted in again every step; with `reuse` the later steps get the freed blocks back.
 _PROBE = """
@@ -25,7 +26,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 256))
 x = torch.randn(4096, 256)
 faults = []
-for _ in range(10):
+for _ in range(16):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     model(x).square().mean().backward()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -46,10 +47,11 @@ def test_reuse_keeps_freed_memory_and_system_gives_it_back() -> None:
     system_faults, system_line = _step_faults("system")
     reuse_faults, reuse_line = _step_faults("reuse")
     # with the defaults every step faults its activations in again; with reuse the heap grows for the first few
-    # steps (until freed blocks fit the requests), then most steps fault nothing at all
+    # steps (until freed blocks fit the requests), then most steps fault nothing at all (a step now and then still
+    # faults a few pages: the heap growing once more, or the kernel reclaiming a cold page)
     assert min(system_faults[2:]) > hidden_pages, (system_faults, system_line)
     assert sum(reuse_faults[2:]) < sum(system_faults[2:]) / 8, (reuse_faults, system_faults)
-    assert sum(f == 0 for f in reuse_faults[-6:]) >= 4, (reuse_faults, reuse_line)
+    assert statistics.median(reuse_faults[-10:]) == 0, (reuse_faults, reuse_line)
     assert "keeps freed memory for reuse" in reuse_line and "defaults" in system_line
 
 
