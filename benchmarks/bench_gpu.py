@@ -2,7 +2,7 @@
 plumbing at toy sizes on any device and measures nothing worth reporting).
 
     python benchmarks/bench_gpu.py                       # all three sections on cuda, results/gpu_<...>.json
-    python benchmarks/bench_gpu.py --section var_train   # one section (each a few minutes on one GPU at the defaults)
+    python benchmarks/bench_gpu.py --section var_train   # one section
     python benchmarks/bench_gpu.py --smoke --device cpu  # toy sizes: checks the commands and the parsing
 
 Sections (every one a real `trainlab` command in a subprocess; the numbers come from its own outputs):
