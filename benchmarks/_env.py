@@ -1,6 +1,7 @@
-"""What every benchmark result records about where it ran, and where results are written by default.
+"""What every benchmark result records about where it ran, where results are written by default, and how a
+`trainlab` run's own metrics are read back.
 
-    from _env import environment, result_path, settings, write_result     # in benchmarks/bench_*.py
+    from _env import environment, result_path, run_metrics, settings, write_result     # in benchmarks/bench_*.py
 
 `environment()` goes into each JSON result under the key "environment": git SHA, date, Python / torch versions,
 torch threads, CPU model and a machine description without the host name, plus the 1-minute load average (other
@@ -107,3 +108,10 @@ def write_result(path: Path | None, result: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def run_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of a finished `trainlab train` run's metrics.jsonl, and its last `summary` row (the engine's timing of
+    the training epochs after the first, images/s and peak memory)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows, [row for row in rows if row["kind"] == "summary"][-1]

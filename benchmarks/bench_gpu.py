@@ -16,15 +16,14 @@ Sections (every one a real `trainlab` command in a subprocess; the numbers come 
               eight modes: its results.csv (images/s, peak memory, final loss per mode).
 
 Weights are random-init official-architecture files written into the work folder (speed does not depend on the
-values): the ch=160 VQVAE in the `vae_ch160v4096z32.pth` layout and a VAR of --depth in the official format.
+values): the ch=160 VQVAE in the `vae_ch160v4096z32.pth` layout (bench_var.py's) and a VAR of --depth in the official
+format.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
-import json
 import re
 import shlex
 import shutil
@@ -36,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _env import environment, result_path, settings, write_result
+from _env import environment, result_path, run_metrics, settings, write_result
+from bench_var import write_tokenizer
 
-from trainlab.models.var.loading import export_official
+from trainlab.models.var.loading import export_official, read_state_dict
 from trainlab.models.var.transformer import VAR, VARConfig
-from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
 SECTIONS = ("var_train", "var_sample", "precision")
 TRAIN_PRECISIONS = ("bf16-amp", "fp16-amp-scale")
@@ -60,16 +59,20 @@ def trainlab(*args: object) -> list[str]:
     return [sys.executable, "-m", "trainlab", *(str(a).lower() if isinstance(a, bool) else str(a) for a in args)]
 
 
+def shown(argv: list[str], work: Path) -> str:
+    """A `trainlab(...)` command as a user types it, the work folder written $WORK."""
+    return shlex.join(["trainlab", *argv[3:]]).replace(str(work), "$WORK")
+
+
 def write_weights(work: Path, depth: int, smoke: bool) -> tuple[Path, Path]:
-    """Random-init tokenizer and VAR files in the official formats (seeded: the same files every run)."""
-    vq_cfg = VQVAEConfig.official()
-    if smoke:  # the official layout at base width 32 (the CPU benchmarks' tokenizer)
-        vq_cfg = dataclasses.replace(vq_cfg, ch=32)
-    tokenizer, var_path = work / "tokenizer.pth", work / f"var_d{depth}.pth"
+    """Tokenizer (bench_var's: ch=160 random init, or for --smoke the ch=32 one) and a random-init VAR of `depth` that
+    fits it, both in the official formats (seeded: the same files every run)."""
+    tokenizer, _ = write_tokenizer(work, "ch32" if smoke else "ch160")
+    code_dim = read_state_dict(str(tokenizer), "VQVAE")["quantize.embedding.weight"].shape[1]
+    var_path = work / f"var_d{depth}.pth"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        export_official(VQVAE(vq_cfg), tokenizer)
-        var = VAR(VARConfig.from_depth(depth, vae_embed_dim=vq_cfg.z_channels))
+        var = VAR(VARConfig.from_depth(depth, vae_embed_dim=code_dim))
         var.init_weights(0.5, 1e-5, 0.02, -1)
         export_official(var, var_path)
     return tokenizer, var_path
@@ -91,10 +94,9 @@ def var_train(args: argparse.Namespace, work: Path, tokenizer: Path) -> dict[str
         )  # fmt: skip
         t0 = time.perf_counter()
         run(argv, f"var_train {precision}")
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        summary = [row for row in rows if row["kind"] == "summary"][-1]
+        rows, summary = run_metrics(run_dir)
         out[precision] = {
-            "command": shlex.join(["trainlab", *argv[3:]]).replace(str(work), "$WORK"),
+            "command": shown(argv, work),
             "images_per_second": summary["images_per_second"],
             "seconds_per_step": args.train_batch_size / summary["images_per_second"],
             "peak_memory_gib": summary["peak_memory_bytes"] / 2**30,
@@ -176,7 +178,7 @@ def precision_lab(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             f"precision {args.precision_model} {mode:15s} {r['images_per_second']:9.1f} images/s, "
             f"peak {r['peak_memory_mib']:8.1f} MiB ({r['memory_kind']}), final loss {r['final_train_loss']:.4g}"
         )
-    return {"command": shlex.join(["trainlab", *argv[3:]]).replace(str(work), "$WORK"), "modes": table}
+    return {"command": shown(argv, work), "modes": table}
 
 
 def main() -> None:

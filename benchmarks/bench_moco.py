@@ -24,7 +24,6 @@ Every round runs both variants of a case, alternating which goes first; medians 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shlex
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _env import environment, result_path, settings, write_result
+from _env import environment, result_path, run_metrics, settings, write_result
 from torch.utils.data import DataLoader
 
 from trainlab.data.ssl_views import HALF, TensorTwoViews, ViewSpec
@@ -112,8 +111,7 @@ def run_command(case: Case, args: argparse.Namespace, work: Path, index: int) ->
         raise SystemExit(
             f"trainlab train moco failed ({proc.returncode}):\n" + "\n".join(proc.stderr.splitlines()[-15:])
         )
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    summary = [row for row in rows if row["kind"] == "summary"][-1]
+    _, summary = run_metrics(run_dir)
     shutil.rmtree(run_dir)
     return {"images_per_second": summary["images_per_second"], "epochs_timed": summary["epochs_timed"], "wall_s": wall}
 

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _env import environment, result_path, settings, write_result
+from _env import environment, result_path, run_metrics, settings, write_result
 
 from trainlab.host_memory import configure_host_allocator
 from trainlab.models.var.blocks import MAX_LOG_SCALE_MUL, AdaLNSelfAttn, SelfAttention
@@ -268,8 +268,7 @@ class TrainVarCommand:
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.splitlines()[-15:])
             raise SystemExit(f"`{self.shown(depth, cached)}` failed with exit code {proc.returncode}:\n{tail}")
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        summary = [row for row in rows if row["kind"] == "summary"][-1]
+        _, summary = run_metrics(run_dir)
         shutil.rmtree(run_dir)
         seconds = BATCH / summary["images_per_second"]  # = seconds_per_epoch / steps per epoch
         record = {

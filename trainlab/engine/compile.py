@@ -2,9 +2,8 @@
 
 What is compiled: each trained model as `train_step` receives it (under DDP the DDP wrapper is compiled, the order
 torch documents for DDP; tests/test_engine_distributed.py runs it in 2 gloo processes with accumulation under
-`no_sync`). Evaluation, exports and frozen models run
-the plain eager modules. The first step of each distinct input shape compiles (tens of seconds on a CPU); later
-steps run the fused kernels.
+`no_sync`). Evaluation, exports and frozen models run the plain eager modules. The first step of each distinct input
+shape compiles (tens of seconds on a CPU); later steps run the fused kernels.
 
 What it changes: float arithmetic is reordered and fused, so losses differ from eager within float rounding
 (tests/test_engine_compile.py measures it). Random ops (dropout, DropPath, class dropout) keep eager's RNG stream
