@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 from trainlab.config import option, parse
-from trainlab.engine.precision import Precision, check_device_support
-from trainlab.engine.recipe import PRECISIONS, PrecisionName
+from trainlab.engine.precision import LAB_PRECISIONS, Precision, PrecisionName, check_device_support
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -32,7 +31,7 @@ class PrecisionBenchConfig:
     model: str = option("resnet18", "model name (see `trainlab train cifar --help`)")
     epochs: int = option(30, "epochs per run")
     seeds: int = option(1, "seeds per precision mode (mean ± std across them)")
-    modes: list[PrecisionName] = option(list(PRECISIONS), "precision modes to run")
+    modes: list[PrecisionName] = option(list(LAB_PRECISIONS), "precision modes to run")
     out_dir: Path = option(Path("runs/bench-precision"), "where the runs, table and plots go")
     device: str = option("auto", "cpu, cuda, cuda:N or auto")
     batch_size: int = option(128, "global batch size")

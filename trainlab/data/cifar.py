@@ -224,8 +224,8 @@ class CifarAugmentDataset(Dataset[dict[str, torch.Tensor]]):
         assert len(self.labels_N) == len(images_NHW3), "one label per image"
         self.augment = augment
         self.seed = seed
-        self.mean_311 = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
-        self.std_311 = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+        self.mean_311 = torch.tensor(mean, dtype=torch.float64).view(3, 1, 1)
+        self.std_311 = torch.tensor(std, dtype=torch.float64).view(3, 1, 1)
         self._epoch = EpochCounter()
 
     @classmethod
@@ -247,10 +247,11 @@ class CifarAugmentDataset(Dataset[dict[str, torch.Tensor]]):
         return len(self.images_NHW3)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        """Returns {"image": float32 (3, H, W) normalised, "label": int64 scalar}."""
+        """Returns {"image": (3, H, W) normalised in the default dtype (float32), "label": int64 scalar}."""
         img_3HW = torch.from_numpy(self.images_NHW3[index]).permute(2, 0, 1)
         if self.augment:
             top, left, flip = augment_params(self.seed, self.epoch, index)
             img_3HW = pad_crop_flip(img_3HW, top, left, flip)
-        x_3HW = img_3HW.to(torch.float32).div_(255.0).sub_(self.mean_311).div_(self.std_311)
+        dtype = torch.get_default_dtype()
+        x_3HW = img_3HW.to(dtype).div_(255.0).sub_(self.mean_311.to(dtype)).div_(self.std_311.to(dtype))
         return {"image": x_3HW, "label": self.labels_N[index].clone()}

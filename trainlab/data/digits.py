@@ -104,7 +104,7 @@ def load_digits_dataset(*, resolution: int = 16, split: Split, seed: int = 0) ->
         )
     pixels_NHW, labels_N = _load_mnist_5k()
     index_M = _split_rows(labels_N, split, seed)
-    img_M1HW = torch.from_numpy(pixels_NHW[index_M]).float().div_(255.0).unsqueeze(1)
+    img_M1HW = torch.from_numpy(pixels_NHW[index_M]).to(torch.get_default_dtype()).div_(255.0).unsqueeze(1)
     img_M1HW = _resize(img_M1HW, resolution)
     img_M3HW = img_M1HW.mul(2.0).sub(1.0).clamp_(-1.0, 1.0).repeat(1, 3, 1, 1).contiguous()
     return DigitsData(

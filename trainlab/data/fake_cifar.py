@@ -33,21 +33,26 @@ _NUM_TRAIN_BATCHES = 5
 
 
 def _make_images(rng: np.random.Generator, labels_N: np.ndarray, palette_K3: np.ndarray) -> np.ndarray:
-    """Class-dependent colour and stripes; returns uint8 (N, 3, 32, 32)."""
+    """Class-dependent colour and stripes; returns uint8 (N, 3, 32, 32).
+
+    Computed in float64: NumPy's float32 sin / cos take CPU-specific SIMD paths, and a last-bit difference moves a
+    pixel across a rounding boundary; in float64 such a difference is far below what rounds to another byte, so the
+    bytes are the same on every CPU.
+    """
     n = len(labels_N)
-    yy_HW, xx_HW = np.mgrid[0:32, 0:32].astype(np.float32)
+    yy_HW, xx_HW = np.mgrid[0:32, 0:32].astype(np.float64)
     # Orientations 0..81 degrees in 9-degree steps: a horizontal flip maps angle a to 180 - a, which no other class
     # uses, so flip augmentation never turns one class's pattern into another's.
-    angle_N = labels_N.astype(np.float32) * (math.pi / 20)
-    phase_N = rng.uniform(0, 2 * math.pi, size=n).astype(np.float32)
+    angle_N = labels_N.astype(np.float64) * (math.pi / 20)
+    phase_N = rng.uniform(0, 2 * math.pi, size=n)
     coord_NHW = np.cos(angle_N)[:, None, None] * xx_HW[None] + np.sin(angle_N)[:, None, None] * yy_HW[None]
     stripes_NHW = np.sin(2 * math.pi * coord_NHW / 8.0 + phase_N[:, None, None])
-    brightness_N = rng.uniform(-25, 25, size=n).astype(np.float32)
+    brightness_N = rng.uniform(-25, 25, size=n)
     img_N3HW = (
         palette_K3[labels_N][:, :, None, None]
         + 45.0 * stripes_NHW[:, None]
         + brightness_N[:, None, None, None]
-        + rng.normal(0, 30, size=(n, 3, 32, 32)).astype(np.float32)
+        + rng.normal(0, 30, size=(n, 3, 32, 32))
     )
     return np.clip(np.rint(img_N3HW), 0, 255).astype(np.uint8)
 
@@ -94,7 +99,7 @@ def write_fake_cifar10(root: str | Path, *, num_train: int = 256, num_test: int 
             shutil.rmtree(stale, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=f".{CIFAR10_DIRNAME}.{os.getpid()}.", suffix=".tmp", dir=root))
     rng = np.random.default_rng(seed)
-    palette_K3 = rng.uniform(40, 215, size=(len(CIFAR10_CLASSES), 3)).astype(np.float32)
+    palette_K3 = rng.uniform(40, 215, size=(len(CIFAR10_CLASSES), 3))
 
     train_labels_N = _balanced_labels(rng, num_train)
     train_img_N3HW = _make_images(rng, train_labels_N, palette_K3)

@@ -33,7 +33,8 @@ EVAL_RESIZE_RATIO = 256 / 224  # Resize(256) + CenterCrop(224)
 
 
 def _to_float(img_CHW: torch.Tensor) -> torch.Tensor:
-    return img_CHW.float().div(255.0) if img_CHW.dtype == torch.uint8 else img_CHW.float()
+    dtype = torch.get_default_dtype()
+    return img_CHW.to(dtype).div(255.0) if img_CHW.dtype == torch.uint8 else img_CHW.to(dtype)
 
 
 def probe_train_view(

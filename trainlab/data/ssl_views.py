@@ -123,7 +123,8 @@ def two_views(
 class TwoViewDataset(Dataset[dict[str, torch.Tensor]], ABC):
     """Images as `{"view1": (3, S, S), "view2": (3, S, S), "label": int64}` (the label only for monitoring).
 
-    Subclasses provide `_image(index)`: float32 (3, H, W) in [0, 1]. Call `set_epoch` before each epoch.
+    Subclasses provide `_image(index)`: (3, H, W) in [0, 1] in the default dtype (float32). Call `set_epoch` before
+    each epoch.
     """
 
     def __init__(self, spec: ViewSpec, *, seed: int) -> None:
@@ -136,7 +137,7 @@ class TwoViewDataset(Dataset[dict[str, torch.Tensor]], ABC):
 
     @abstractmethod
     def _image(self, index: int) -> torch.Tensor:
-        """Sample `index` as float32 (3, H, W) in [0, 1]."""
+        """Sample `index` as (3, H, W) in [0, 1], in the default dtype."""
 
     @abstractmethod
     def _label(self, index: int) -> torch.Tensor:
@@ -165,7 +166,8 @@ class TensorTwoViews(TwoViewDataset):
 
     def _image(self, index: int) -> torch.Tensor:
         img = self.images_N3HW[index]
-        return img.float().div(255.0) if img.dtype == torch.uint8 else img
+        dtype = torch.get_default_dtype()
+        return img.to(dtype).div(255.0) if img.dtype == torch.uint8 else img.to(dtype)
 
     def _label(self, index: int) -> torch.Tensor:
         return self.labels_N[index].clone()
@@ -184,7 +186,7 @@ class FolderTwoViews(TwoViewDataset):
     def _image(self, index: int) -> torch.Tensor:
         rel, _ = self.index.files[index]
         with Image.open(self.index.root / rel) as img:
-            return TF.to_dtype(TF.pil_to_tensor(img.convert("RGB")), torch.float32, scale=True)
+            return TF.to_dtype(TF.pil_to_tensor(img.convert("RGB")), torch.get_default_dtype(), scale=True)
 
     def _label(self, index: int) -> torch.Tensor:
         return torch.tensor(self.index.files[index][1], dtype=torch.long)
@@ -192,7 +194,8 @@ class FolderTwoViews(TwoViewDataset):
 
 def normalise(images_N3HW: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """[0, 1] (or uint8) images normalised with `mean` / `std` (evaluation inputs, no augmentation)."""
-    x = images_N3HW.float().div(255.0) if images_N3HW.dtype == torch.uint8 else images_N3HW.float()
-    mean_311 = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
-    std_311 = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
+    dtype = torch.get_default_dtype()
+    x = images_N3HW.to(dtype).div(255.0) if images_N3HW.dtype == torch.uint8 else images_N3HW.to(dtype)
+    mean_311 = torch.tensor(mean, dtype=dtype).view(1, 3, 1, 1)
+    std_311 = torch.tensor(std, dtype=dtype).view(1, 3, 1, 1)
     return (x - mean_311) / std_311

@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainlab import dist
 from trainlab.data.augment import EpochCounter, augment_draws, decide_flip
+from trainlab.dtypes import at_least_float32
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -219,13 +220,15 @@ class TokenCacheDataset(Dataset[dict[str, torch.Tensor]]):
 
 @torch.no_grad()
 def encode_batch(tokenizer: nn.Module, img_B3HW: torch.Tensor) -> torch.Tensor:
-    """Images in [-1, 1] -> tokens (B, L) int64 of all scales, in float32 with autocast off.
+    """Images in [-1, 1] -> tokens (B, L) int64 of all scales, in the tokenizer's dtype (at least float32) with
+    autocast off.
 
     The encoder runs under `torch.inference_mode()` (in-place activations in the tokenizer's blocks); the tokens
     are returned as an ordinary tensor, usable by autograd-recorded code.
     """
     with torch.inference_mode(), torch.autocast(img_B3HW.device.type, enabled=False):
-        tokens_BL = torch.cat(list(tokenizer.img_to_idx(img_B3HW.float())), dim=1)  # type: ignore[operator]
+        dtype = at_least_float32(next(tokenizer.parameters()).detach()).dtype
+        tokens_BL = torch.cat(list(tokenizer.img_to_idx(img_B3HW.to(dtype))), dim=1)  # type: ignore[operator]
     return tokens_BL.clone()
 
 

@@ -144,16 +144,17 @@ class Trainer:
 
         set_deterministic(cfg.deterministic)
         seed_everything(cfg.seed)
-        self.parts: TrainParts = recipe.build(self.device)
-        for name, model in self.parts.models.items():
-            self.precision.prepare_model(model, keep_batchnorm_fp32=cfg.keep_batchnorm_fp32)
-            self.parts.models[name] = model.to(self.device)
-        for name, model in self.parts.frozen.items():
-            self.parts.frozen[name] = model.to(self.device).eval().requires_grad_(False)
-        self.phases: list[Phase] = self.parts.phases
-        if not self.phases:
-            raise ValueError(f"recipe {recipe.name} built no optimizer phase")
-        self.train_dataset = recipe.build_data(self.parts, self.device)
+        with self.precision.default_dtype():  # fp64: models initialised and data generated in float64
+            self.parts: TrainParts = recipe.build(self.device)
+            for name, model in self.parts.models.items():
+                self.precision.prepare_model(model, keep_batchnorm_fp32=cfg.keep_batchnorm_fp32)
+                self.parts.models[name] = model.to(self.device)
+            for name, model in self.parts.frozen.items():
+                self.parts.frozen[name] = model.to(self.device).eval().requires_grad_(False)
+            self.phases: list[Phase] = self.parts.phases
+            if not self.phases:
+                raise ValueError(f"recipe {recipe.name} built no optimizer phase")
+            self.train_dataset = recipe.build_data(self.parts, self.device)
         self.world = dist.world_size()
         self.sampler = StepBatchSampler(
             len(self.train_dataset),  # type: ignore[arg-type]
@@ -389,7 +390,8 @@ class Trainer:
         if lock is not None:
             lock.acquire()
         try:
-            return self._fit(stop_at_step)
+            with self.precision.default_dtype():
+                return self._fit(stop_at_step)
         finally:
             if lock is not None:
                 lock.release()

@@ -7,8 +7,16 @@
 | fp16-scale       | fp16 (BatchNorm fp32)     | fp16                | static (GradScaler refuses fp16 grads) |
 | fp16-amp, bf16-amp | fp32                    | autocast 16-bit     | none                      |
 | fp16-amp-scale, bf16-amp-scale | fp32        | autocast 16-bit     | dynamic `torch.amp.GradScaler` |
+| fp64             | fp64 (BatchNorm too)      | fp64                | none                      |
 
 Anything else (`fp32-scale`, `bf16-scale`, `fp32-amp`, ...) is refused with a one-line error.
+
+`fp64` is the reference mode, not a training mode: weights, inputs and every float the run creates (the default
+dtype is float64 while the engine builds, loads data and trains, so data generation and augmentation run in
+float64 too). Its use is numerical checking: two CPUs with different kernels (AVX2 / AVX-512, MKL code paths) agree
+on an fp64 run to about 1e-13 where fp32 runs part after a few steps, which is what makes the golden losses portable
+(`tests/test_golden_losses.py`). Code that upcasts 16-bit values for a loss uses `at_least_float32` rather than
+`.float()`, which would round fp64 down (`trainlab/dtypes.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -27,18 +35,16 @@ from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-PRECISION_MODES = (
-    "fp32",
-    "fp16",
-    "fp16-scale",
-    "bf16",
-    "fp16-amp",
-    "fp16-amp-scale",
-    "bf16-amp",
-    "bf16-amp-scale",
-)
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PrecisionName = Literal[
+    "fp32", "fp16", "fp16-scale", "bf16", "fp16-amp", "fp16-amp-scale", "bf16-amp", "bf16-amp-scale", "fp64"
+]
+PRECISION_MODES: tuple[str, ...] = get_args(PrecisionName)
+LAB_PRECISIONS: tuple[str, ...] = tuple(m for m in PRECISION_MODES if m != "fp64")  # the eight training modes
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 _WHY_REFUSED = {
+    "fp64-amp": "autocast has no float64 mode; use fp64 (float64 throughout)",
+    "fp64-amp-scale": "autocast has no float64 mode; use fp64 (float64 throughout)",
+    "fp64-scale": "float64 gradients need no loss scaling; use fp64",
     "fp32-scale": "loss scaling only helps 16-bit gradients; use fp32, or fp16-amp-scale",
     "fp32-amp": "autocast to fp32 is a no-op; use fp32",
     "fp32-amp-scale": "autocast to fp32 is a no-op and needs no scaling; use fp32",
@@ -80,8 +86,19 @@ class Precision:
         return self.autocast_dtype or self.param_dtype
 
     @property
-    def is_pure_low_precision(self) -> bool:
+    def casts_weights(self) -> bool:
+        """Whether weights (and floating inputs) are cast away from fp32: the pure 16-bit modes and fp64."""
         return self.param_dtype != torch.float32
+
+    @property
+    def is_pure_low_precision(self) -> bool:
+        return self.param_dtype in (torch.float16, torch.bfloat16)
+
+    def default_dtype(self) -> contextlib.AbstractContextManager[Any]:
+        """The default float dtype the run creates tensors in: float64 for fp64, else unchanged (float32)."""
+        if self.param_dtype != torch.float64:
+            return contextlib.nullcontext()
+        return _default_dtype(torch.float64)
 
     def autocast(self, device_type: str) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
@@ -89,19 +106,20 @@ class Precision:
         return torch.autocast(device_type=device_type, dtype=self.autocast_dtype)
 
     def prepare_model(self, model: nn.Module, keep_batchnorm_fp32: bool = True) -> nn.Module:
-        """Cast weights for pure 16-bit modes (BatchNorm kept fp32 by default, as apex O2 and airbench do)."""
-        if not self.is_pure_low_precision:
+        """Cast weights for pure 16-bit modes (BatchNorm kept fp32 by default, as apex O2 and airbench do) and fp64."""
+        if not self.casts_weights:
             return model
         model.to(self.param_dtype)
-        if keep_batchnorm_fp32:
+        if keep_batchnorm_fp32 and self.is_pure_low_precision:
             for module in model.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.float()
         return model
 
     def cast_input(self, x: Any) -> Any:
-        """Cast floating tensors of a batch to the weight dtype in pure 16-bit modes (AMP leaves inputs alone)."""
-        if not self.is_pure_low_precision:
+        """Cast floating tensors of a batch to the weight dtype in pure 16-bit modes and fp64 (AMP leaves inputs
+        alone)."""
+        if not self.casts_weights:
             return x
         if isinstance(x, torch.Tensor):
             return x.to(self.param_dtype) if x.is_floating_point() else x
@@ -112,10 +130,22 @@ class Precision:
         return x
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def check_device_support(precision: Precision, device: torch.device) -> None:
     """Refuse a precision the device cannot run, with a one-line reason. Logs the (slow) CPU fp16 case."""
     dtype = precision.compute_dtype
-    if dtype == torch.float32:
+    if dtype in (torch.float32, torch.float64):
+        if dtype == torch.float64 and device.type not in ("cpu", "cuda"):
+            raise UsageError(f"{device.type} has no float64 kernels; use --precision fp32")
         return
     if device.type == "cuda":
         if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported(including_emulation=False):

@@ -31,7 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, get_args
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -39,15 +39,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from trainlab.config import option
+from trainlab.engine.precision import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
 
 Batch = dict[str, torch.Tensor]
 """The one batch format: named tensors, e.g. {"image": img_B3HW, "label": label_B} or {"tokens": ..., "label": ...}."""
-
-PrecisionName = Literal[
-    "fp32", "fp16", "fp16-scale", "bf16", "fp16-amp", "fp16-amp-scale", "bf16-amp", "bf16-amp-scale"
-]
-PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
 
 
 @dataclass(frozen=True)
@@ -81,7 +77,8 @@ class TrainConfig:
     seed: int = option(0, "one seed for init, data order and augmentation")
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda when available, else cpu; logged)")
     precision: PrecisionName = option(
-        "fp32", "fp16/bf16: pure 16-bit weights; -amp: fp32 weights + autocast; -scale: loss scaling"
+        "fp32",
+        "fp16/bf16: pure 16-bit weights; -amp: fp32 weights + autocast; -scale: loss scaling; fp64: float64 reference",
     )
     keep_batchnorm_fp32: bool = option(True, "in pure fp16/bf16 modes keep BatchNorm weights and statistics in fp32")
     static_loss_scale: float = option(1024.0, "loss scale of the static policy (fp16-scale)")

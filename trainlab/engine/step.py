@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainlab.dtypes import at_least_float32
 from trainlab.engine.precision import LossScaler, Precision, grad_norm_, only_requires_grad
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo
 from trainlab.engine.schedule import Scheduler
@@ -131,7 +132,11 @@ class StepRunner:
                         out = self.recipe.train_step(models, batch, phase.name, micro_info)
                     scaler.scale(out["loss"] / num_micro).backward()
                 for key, value in out.items():
-                    v = value.detach().float() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+                    v = (
+                        at_least_float32(value.detach())
+                        if isinstance(value, torch.Tensor)
+                        else torch.tensor(float(value))
+                    )
                     sums[key] = sums.get(key, 0) + v / num_micro
                 del out, batch
         scaler.unscale_(phase.optimizer)

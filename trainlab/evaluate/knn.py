@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from trainlab.dtypes import at_least_float32
 from trainlab.errors import UsageError
 
 
@@ -32,10 +33,10 @@ def knn_predict(
     """
     if not 0 < k <= bank_MF.shape[0]:
         raise UsageError(f"kNN k={k} must be between 1 and the bank size {bank_MF.shape[0]}; lower --knn-k")
-    bank_MF = F.normalize(bank_MF.float(), dim=1)
+    bank_MF = F.normalize(at_least_float32(bank_MF), dim=1)
     preds = []
     for start in range(0, query_NF.shape[0], chunk):
-        q_NF = F.normalize(query_NF[start : start + chunk].float(), dim=1)
+        q_NF = F.normalize(at_least_float32(query_NF[start : start + chunk]), dim=1)
         sim_NM = q_NF @ bank_MF.T
         sim_Nk, idx_Nk = sim_NM.topk(k, dim=1)
         weight_Nk = (sim_Nk / temperature).exp()
@@ -67,11 +68,12 @@ def extract_features(
     *,
     batch_size: int,
     device: torch.device,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`features` of every image, in batches on `device`; returns (N, F) float32 on `device`."""
+    """`features` of every image, in batches on `device` and `dtype` (None: the default dtype); returns (N, F) in
+    float32 (float64 for float64 features) on `device`."""
     out = []
     for start in range(0, images_N3HW.shape[0], batch_size):
-        x = images_N3HW[start : start + batch_size].to(device=device, dtype=dtype)
-        out.append(features(x).float())
+        x = images_N3HW[start : start + batch_size].to(device=device, dtype=dtype or torch.get_default_dtype())
+        out.append(at_least_float32(features(x)))
     return torch.cat(out)

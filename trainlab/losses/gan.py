@@ -16,6 +16,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from trainlab.dtypes import at_least_float32
+
 # Shape legend: logits of any shape (a PatchGAN map is (B, 1, h, w)); losses are scalars.
 
 GanLossKind = Literal["hinge", "vanilla"]
@@ -29,7 +31,7 @@ def discriminator_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor, kin
         logits_fake: D's logits on (detached) reconstructions.
         kind: "hinge" or "vanilla".
     """
-    real, fake = logits_real.float(), logits_fake.float()
+    real, fake = at_least_float32(logits_real), at_least_float32(logits_fake)
     if kind == "hinge":
         return 0.5 * (F.relu(1.0 - real).mean() + F.relu(1.0 + fake).mean())
     if kind == "vanilla":
@@ -39,7 +41,7 @@ def discriminator_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor, kin
 
 def generator_loss(logits_fake: torch.Tensor, kind: GanLossKind) -> torch.Tensor:
     """G's adversarial loss on D's logits for reconstructions (D frozen, gradient flows to the images)."""
-    fake = logits_fake.float()
+    fake = at_least_float32(logits_fake)
     if kind == "hinge":
         return -fake.mean()
     if kind == "vanilla":
@@ -66,5 +68,5 @@ def adaptive_gan_weight(
     """
     (recon_grad,) = torch.autograd.grad(recon_loss, last_layer_weight, retain_graph=True)
     (g_grad,) = torch.autograd.grad(g_loss, last_layer_weight, retain_graph=True)
-    weight = recon_grad.float().norm() / (g_grad.float().norm() + 1e-4)
+    weight = at_least_float32(recon_grad).norm() / (at_least_float32(g_grad).norm() + 1e-4)
     return weight.clamp(0.0, max_weight).detach()

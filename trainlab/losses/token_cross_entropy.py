@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trainlab.dtypes import at_least_float32
+
 
 @dataclass
 class TokenLoss:
@@ -81,9 +83,9 @@ def token_cross_entropy(
         label_smoothing: torch's definition; the returned `ce_BL` is always unsmoothed (the official log).
     """
     B, L, V = logits_BLV.shape
-    weight_N = (weight_L.float() / B).repeat(B)
+    weight_N = (at_least_float32(weight_L) / B).repeat(B)
     loss, ce_N, prediction_N = _FusedTokenCrossEntropy.apply(
-        logits_BLV.reshape(B * L, V).float(), target_BL.reshape(B * L), weight_N, float(label_smoothing)
+        at_least_float32(logits_BLV.reshape(B * L, V)), target_BL.reshape(B * L), weight_N, float(label_smoothing)
     )
     return TokenLoss(loss=loss, ce_BL=ce_N.view(B, L), prediction_BL=prediction_N.view(B, L))
 
@@ -103,7 +105,7 @@ def token_metrics(
     `slices` covers exactly the positions in `prediction_BL`: fewer scales during progressive training, where no
     last-scale metric is reported (`all_scales` False), as in the official code.
     """
-    ce_BL = ce_BL.detach().float()
+    ce_BL = at_least_float32(ce_BL.detach())
     correct_BL = (prediction_BL == target_BL).float()
     out = {"cross_entropy_mean": ce_BL.mean(), "token_accuracy_mean": correct_BL.mean()}
     if all_scales:
@@ -130,7 +132,9 @@ class TokenMetricTotals:
 
     def add(self, logits_BLV: torch.Tensor, target_BL: torch.Tensor) -> None:
         B, L, V = logits_BLV.shape
-        ce_BL = F.cross_entropy(logits_BLV.float().view(-1, V), target_BL.reshape(-1), reduction="none").view(B, L)
+        ce_BL = F.cross_entropy(at_least_float32(logits_BLV).view(-1, V), target_BL.reshape(-1), reduction="none").view(
+            B, L
+        )
         correct_BL = (logits_BLV.argmax(-1) == target_BL).double()
         for k, sl in enumerate(self.slices):
             self.ce_sum_K[k] += ce_BL[:, sl].double().sum()

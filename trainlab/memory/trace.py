@@ -152,7 +152,12 @@ def trace_training(
     tracer = StorageTracer()
     cpu = torch.device("cpu")
     use_cuda_policy = device == "cuda" if cuda_autocast is None else cuda_autocast
-    with tracing(tracer), torch.random.fork_rng(devices=[]), CudaAutocastPolicy(enabled=use_cuda_policy):
+    with (
+        tracing(tracer),
+        torch.random.fork_rng(devices=[]),
+        CudaAutocastPolicy(enabled=use_cuda_policy),
+        precision.default_dtype(),
+    ):
         seed_everything(cfg.seed)
         parts = recipe.build(cpu)
         for model in parts.models.values():
@@ -219,9 +224,10 @@ def trace_training(
 def _prepare_in_place(model: nn.Module, precision: Precision | None, keep_batchnorm_fp32: bool) -> None:
     """`Precision.prepare_model` and `.to(cpu)` by assigning `.data`: fake parameters cannot be swapped by
     `Module.to` while the optimizer holds them (the real Trainer's `.to` keeps the same Parameter objects too)."""
-    dtype = precision.param_dtype if precision is not None and precision.is_pure_low_precision else None
+    dtype = precision.param_dtype if precision is not None and precision.casts_weights else None
+    low = precision is not None and precision.is_pure_low_precision
     for module in model.modules():
-        keep = keep_batchnorm_fp32 and isinstance(module, nn.modules.batchnorm._BatchNorm)
+        keep = keep_batchnorm_fp32 and low and isinstance(module, nn.modules.batchnorm._BatchNorm)
         for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
             target = dtype if (dtype is not None and tensor.is_floating_point() and not keep) else tensor.dtype
             if tensor.device.type != "cpu" or tensor.dtype != target:

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainlab.config import option
 from trainlab.data.cifar import CifarAugmentDataset, load_cifar10
 from trainlab.data.fake_cifar import write_fake_cifar10
+from trainlab.dtypes import at_least_float32
 from trainlab.engine.metrics import progress
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
@@ -101,7 +102,7 @@ class CifarRecipe(Recipe[CifarConfig]):
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
         img_B3HW, label_B = batch["image"], batch["label"]
         logits_BK = models["model"](img_B3HW)
-        loss = F.cross_entropy(logits_BK.float(), label_B)
+        loss = F.cross_entropy(at_least_float32(logits_BK), label_B)
         return {"loss": loss, "accuracy": (logits_BK.argmax(-1) == label_B).float().mean()}
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
@@ -114,7 +115,7 @@ class CifarRecipe(Recipe[CifarConfig]):
             bar.update(1)
             img_B3HW, label_B = batch["image"], batch["label"]
             img_B3HW, label_B = img_B3HW.to(device, dtype=dtype), label_B.to(device)
-            logits_BK = model(img_B3HW).float()
+            logits_BK = at_least_float32(model(img_B3HW))
             loss_sum += float(F.cross_entropy(logits_BK, label_B, reduction="sum"))
             correct += int((logits_BK.argmax(-1) == label_B).sum())
             total += len(label_B)

@@ -32,6 +32,7 @@ from trainlab.config import option
 from trainlab.data.probe_views import ProbeFolder, ProbeTensorViews
 from trainlab.data.ssl_views import IMAGENET_MEAN, IMAGENET_STD
 from trainlab.data.tensors import NamedTensorDataset
+from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -161,10 +162,11 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
         return {"image": torch.zeros(batch_size, 3, s, s), "label": torch.zeros(batch_size, dtype=torch.long)}
 
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
-        with torch.no_grad():
-            feats_BF = models["backbone"](batch["image"].float())
+        backbone = models["backbone"]
+        with torch.no_grad():  # the frozen backbone keeps its own dtype (fp32; fp64 in an fp64 run)
+            feats_BF = backbone(batch["image"].to(next(backbone.parameters()).dtype))
         logits_BK = models["classifier"](feats_BF.to(batch["image"].dtype))
-        loss = F.cross_entropy(logits_BK.float(), batch["label"])
+        loss = F.cross_entropy(at_least_float32(logits_BK), batch["label"])
         return {"loss": loss, "accuracy": (logits_BK.argmax(-1) == batch["label"]).float().mean()}
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainlab import dist
 from trainlab.config import option
 from trainlab.data.splits import reconstruction_splits
+from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -308,7 +309,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
     ) -> dict[str, Any]:
         c = self.config
         recon_B3HW, vq_loss, idx_list, f_BChw = models["vqvae"](img_B3HW, return_features=True)
-        img_f, recon_f = img_B3HW.float(), recon_B3HW.float()
+        img_f, recon_f = at_least_float32(img_B3HW), at_least_float32(recon_B3HW)
         pixel_loss = F.l1_loss(recon_f, img_f) if c.reconstruction_loss == "l1" else F.mse_loss(recon_f, img_f)
         recon_loss = pixel_loss
         out: dict[str, Any] = {}
@@ -387,13 +388,13 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         dead_V = self.dead_codes.dead(step)
         if not bool(dead_V.any()):
             return 0
-        restarted = restart_codes_(weight_VC, dead_V, stats.candidates(), self.restart_generator)
+        restarted_V = restart_codes_(weight_VC, dead_V, stats.candidates(), self.restart_generator)
         with torch.no_grad():
             dist.broadcast_(weight_VC.data)
         if self.ema is not None:
-            self.ema.reset_codes_(dead_V, weight_VC)
-        self.dead_codes.revive(dead_V, step)
-        return restarted
+            self.ema.reset_codes_(restarted_V, weight_VC)
+        self.dead_codes.revive(restarted_V, step)
+        return int(restarted_V.sum())
 
     def _discriminator_step(self, models: Mapping[str, nn.Module], img_B3HW: torch.Tensor) -> dict[str, Any]:
         vqvae = unwrap_model(models["vqvae"])
@@ -408,8 +409,8 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         d_loss = discriminator_loss(logits_real, logits_fake, self.config.gan_loss)
         return {
             "loss": d_loss,
-            "logits_real": logits_real.detach().float().mean(),
-            "logits_fake": logits_fake.detach().float().mean(),
+            "logits_real": at_least_float32(logits_real.detach()).mean(),
+            "logits_fake": at_least_float32(logits_fake.detach()).mean(),
         }
 
     # -------------------------------------------------------------------------------------------- evaluation
@@ -429,8 +430,8 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         for batch in loader:
             img_B3HW = batch["image"].to(device, dtype)
             recon_B3HW, _, idx_list = vqvae(img_B3HW)
-            recon_B3HW = recon_B3HW.float().clamp(-1.0, 1.0)
-            psnr_sum += psnr(recon_B3HW, img_B3HW.float(), data_range=2.0) * img_B3HW.shape[0]
+            recon_B3HW = at_least_float32(recon_B3HW).clamp(-1.0, 1.0)
+            psnr_sum += psnr(recon_B3HW, at_least_float32(img_B3HW), data_range=2.0) * img_B3HW.shape[0]
             count += img_B3HW.shape[0]
             for si, idx in enumerate(idx_list):
                 counts_SV[si] += torch.bincount(idx.flatten(), minlength=c.vocab_size).float()

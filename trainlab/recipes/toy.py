@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from trainlab.config import option
 from trainlab.data.tensors import NamedTensorDataset
+from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 
 
@@ -84,7 +85,7 @@ class ToyRecipe(Recipe[ToyConfig]):
 
             time.sleep(self.config.step_sleep_seconds)
         logits_BK = models["model"](x_BD)
-        loss = F.cross_entropy(logits_BK.float(), y_B)
+        loss = F.cross_entropy(at_least_float32(logits_BK), y_B)
         return {"loss": loss, "accuracy": (logits_BK.argmax(-1) == y_B).float().mean()}
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainlab.dtypes import at_least_float32
 from trainlab.models.moco.resnet import RESNET_ARCHS, make_resnet, resnet_features, resnet_forward_checkpointed
 from trainlab.models.moco.vit import VIT_SIZES, make_vit, vit_features
 
@@ -69,8 +70,8 @@ def contrastive_loss(
 
     Computed in fp32 (a no-op for fp32 inputs, so it equals the official formula there).
     """
-    q_BD = F.normalize(q_BD.float(), dim=1)
-    k_BD = F.normalize(k_BD.float(), dim=1)
+    q_BD = F.normalize(at_least_float32(q_BD), dim=1)
+    k_BD = F.normalize(at_least_float32(k_BD), dim=1)
     k_MD, offset = gather_keys(k_BD)
     logits_BM = torch.einsum("nc,mc->nm", q_BD, k_MD) / temperature
     labels_B = torch.arange(q_BD.shape[0], dtype=torch.long, device=q_BD.device) + offset

@@ -46,18 +46,24 @@ VIT_SIZES: dict[str, ViTSize] = {
 
 
 def sincos_position_embedding(grid_h: int, grid_w: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """The official fixed 2-D sin-cos table, (1, 1 + grid_h * grid_w, D), with a zero row for the cls token."""
+    """The official fixed 2-D sin-cos table, (1, 1 + grid_h * grid_w, D), with a zero row for the cls token.
+
+    Computed in float64 and returned in the default dtype: the official code computes it in float32, whose sin / cos
+    take CPU-specific vector paths; rounding the float64 table gives every CPU the same (more accurate) values.
+    """
     if embed_dim % 4:
         raise UsageError(f"the 2-D sin-cos position embedding needs an embedding width divisible by 4, got {embed_dim}")
     grid_w_HW, grid_h_HW = torch.meshgrid(
-        torch.arange(grid_w, dtype=torch.float32), torch.arange(grid_h, dtype=torch.float32), indexing="ij"
+        torch.arange(grid_w, dtype=torch.float64), torch.arange(grid_h, dtype=torch.float64), indexing="ij"
     )
     pos_dim = embed_dim // 4
-    omega = 1.0 / (temperature ** (torch.arange(pos_dim, dtype=torch.float32) / pos_dim))
+    omega = 1.0 / (temperature ** (torch.arange(pos_dim, dtype=torch.float64) / pos_dim))
     out_w = torch.einsum("m,d->md", grid_w_HW.flatten(), omega)
     out_h = torch.einsum("m,d->md", grid_h_HW.flatten(), omega)
     pos_ND = torch.cat([torch.sin(out_w), torch.cos(out_w), torch.sin(out_h), torch.cos(out_h)], dim=1)
-    return torch.cat([torch.zeros(1, embed_dim), pos_ND], dim=0)[None]
+    return torch.cat([torch.zeros(1, embed_dim, dtype=torch.float64), pos_ND], dim=0)[None].to(
+        torch.get_default_dtype()
+    )
 
 
 class ConvStem(nn.Module):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trainlab.dtypes import at_least_float32
 from trainlab.models.var.quantizer import MultiScaleQuantizer
 
 # Shape legend: B batch, C code channels, h/w latent side, pn scale side, V vocab size, N tokens (B*pn*pn) of one
@@ -68,7 +69,7 @@ def scale_residuals(quantizer: MultiScaleQuantizer, f_BChw: torch.Tensor) -> lis
     Scale si matches area_pool(f - f_hat_{si-1}, pn) (f itself at scale 0; no pooling at the last scale), where
     f_hat_{si-1} is the running reconstruction after the previous scales.
     """
-    f_BChw = f_BChw.detach().float()
+    f_BChw = at_least_float32(f_BChw.detach())
     C = f_BChw.shape[1]
     f_hats = quantizer.f_to_fhat_per_scale(f_BChw)
     z_list: list[torch.Tensor] = []
@@ -84,7 +85,7 @@ def assignment_sums(
     z_list: Sequence[torch.Tensor], idx_list: Sequence[torch.Tensor], vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Hits per code (V,) and the sum of the vectors assigned to each code (V, C), all scales pooled, float32."""
-    z_MC = torch.cat([z.float() for z in z_list])
+    z_MC = torch.cat([at_least_float32(z) for z in z_list])
     idx_M = torch.cat([idx.flatten() for idx in idx_list])
     counts_V = torch.bincount(idx_M, minlength=vocab_size).float()
     sums_VC = z_MC.new_zeros(vocab_size, z_MC.shape[1]).index_add_(0, idx_M, z_MC)
@@ -132,15 +133,15 @@ class EMACodebook:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
         self.decay = decay
         self.epsilon = epsilon
-        self.cluster_size_V = torch.ones(weight_VC.shape[0], dtype=torch.float32, device=weight_VC.device)
-        self.embed_sum_VC = weight_VC.detach().float().clone()
+        self.embed_sum_VC = at_least_float32(weight_VC.detach()).clone()
+        self.cluster_size_V = torch.ones(weight_VC.shape[0], dtype=self.embed_sum_VC.dtype, device=weight_VC.device)
 
     @torch.no_grad()
     def update_(self, weight_VC: torch.Tensor, counts_V: torch.Tensor, sums_VC: torch.Tensor) -> None:
         """One EMA step from this batch's hits and assigned-vector sums; writes the new codebook into `weight_VC`."""
         d = self.decay
-        self.cluster_size_V.mul_(d).add_(counts_V.float(), alpha=1.0 - d)
-        self.embed_sum_VC.mul_(d).add_(sums_VC.float(), alpha=1.0 - d)
+        self.cluster_size_V.mul_(d).add_(counts_V.to(self.cluster_size_V.dtype), alpha=1.0 - d)
+        self.embed_sum_VC.mul_(d).add_(sums_VC.to(self.embed_sum_VC.dtype), alpha=1.0 - d)
         weight_VC.copy_(self.embed_sum_VC / self.smoothed_sizes().unsqueeze(1))
 
     def smoothed_sizes(self) -> torch.Tensor:
@@ -153,7 +154,7 @@ class EMACodebook:
     def reset_codes_(self, dead_V: torch.Tensor, weight_VC: torch.Tensor) -> None:
         """After a restart: the restarted codes start again as fresh clusters of size 1 at their new vectors."""
         self.cluster_size_V[dead_V] = 1.0
-        self.embed_sum_VC[dead_V] = weight_VC[dead_V].float()
+        self.embed_sum_VC[dead_V] = weight_VC[dead_V].to(self.embed_sum_VC.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"cluster_size_V": self.cluster_size_V.clone(), "embed_sum_VC": self.embed_sum_VC.clone()}
@@ -200,8 +201,12 @@ class DeadCodeTracker:
 @torch.no_grad()
 def restart_codes_(
     weight_VC: torch.Tensor, dead_V: torch.Tensor, candidates_MC: torch.Tensor, generator: torch.Generator
-) -> int:
-    """Overwrite the dead codes with vectors drawn uniformly (with replacement) from `candidates_MC`.
+) -> torch.Tensor:
+    """Overwrite dead codes with distinct vectors drawn uniformly (without replacement) from `candidates_MC`.
+
+    Two codes restarted from the same vector would be identical: their distances to every input tie, one of them
+    wins by rounding alone and the other is dead again. So at most M codes restart per call (the lowest-numbered dead
+    ones); the others stay dead and restart at a later step.
 
     Args:
         weight_VC: the codebook, changed in place.
@@ -210,11 +215,13 @@ def restart_codes_(
         generator: a CPU generator, so the draw is reproducible and resumable.
 
     Returns:
-        The number of restarted codes.
+        Bool mask (V,) of the codes restarted.
     """
-    num_dead = int(dead_V.sum())
-    if num_dead == 0 or candidates_MC.shape[0] == 0:
-        return 0
-    pick = torch.randint(candidates_MC.shape[0], (num_dead,), generator=generator).to(candidates_MC.device)
-    weight_VC[dead_V] = candidates_MC[pick].to(weight_VC.dtype)
-    return num_dead
+    restarted_V = torch.zeros_like(dead_V)
+    dead_idx = dead_V.nonzero().flatten()[: candidates_MC.shape[0]]
+    if dead_idx.numel() == 0:
+        return restarted_V
+    pick = torch.randperm(candidates_MC.shape[0], generator=generator)[: dead_idx.numel()].to(candidates_MC.device)
+    weight_VC[dead_idx] = candidates_MC[pick].to(weight_VC.dtype)
+    restarted_V[dead_idx] = True
+    return restarted_V

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainlab.dtypes import at_least_float32
 from trainlab.errors import UsageError
 
 # Shape legend: B batch, C = embed_dim (Cvae), h/w latent side = patch_nums[-1], pn side of one scale,
@@ -133,7 +134,7 @@ class MultiScaleQuantizer(nn.Module):
 
     def _nearest_code(self, z_NC: torch.Tensor) -> torch.Tensor:
         """argmin_v |z - e_v|^2 computed as |z|^2 + |e|^2 - 2 z.e (the official expansion, for identical ties)."""
-        e_VC = self.embedding.weight.detach().float()
+        e_VC = at_least_float32(self.embedding.weight.detach())
         dist_NV = z_NC.square().sum(dim=1, keepdim=True) + e_VC.square().sum(dim=1)
         dist_NV.addmm_(z_NC, e_VC.T, beta=1.0, alpha=-2.0)
         return dist_NV.argmin(dim=1)
@@ -146,11 +147,13 @@ class MultiScaleQuantizer(nn.Module):
     def _up_phi(self, si: int, h_BCpp: torch.Tensor) -> torch.Tensor:
         """phi_si(bicubic_up(h)) to the latent side, float32; no upsampling at the last scale."""
         side = self.patch_nums[-1]
-        h_BCpp = h_BCpp.float()
+        h_BCpp = at_least_float32(h_BCpp)
         if si != self.num_scales - 1:
             h_BCpp = F.interpolate(h_BCpp, size=(side, side), mode="bicubic", align_corners=False)
         phi = self.quant_resi[si]
-        return phi(h_BCpp.contiguous().to(phi.weight.dtype)).float()  # 16-bit weights: phi runs in their dtype
+        return at_least_float32(
+            phi(h_BCpp.contiguous().to(phi.weight.dtype))
+        )  # 16-bit weights: phi runs in their dtype
 
     def _residual_scales(self, f_BChw: torch.Tensor, keep_fhat: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The residual loop without gradients: per-scale codes (B, pn*pn) and, if `keep_fhat`, f_hat after each."""
@@ -159,7 +162,7 @@ class MultiScaleQuantizer(nn.Module):
         idx_list: list[torch.Tensor] = []
         f_hat_list: list[torch.Tensor] = []
         with torch.no_grad(), _fp32_region(f_BChw.device):
-            f_rest_BChw = f_BChw.detach().float().clone()
+            f_rest_BChw = at_least_float32(f_BChw.detach()).clone()
             f_hat_BChw = torch.zeros_like(f_rest_BChw)
             for si, pn in enumerate(self.patch_nums):
                 z_BCpp = f_rest_BChw if si == self.num_scales - 1 else F.interpolate(f_rest_BChw, (pn, pn), mode="area")
@@ -223,7 +226,7 @@ class MultiScaleQuantizer(nn.Module):
             last scale (where h is not upsampled).
         """
         with _fp32_region(f_hat_BChw.device):
-            f_hat_BChw = f_hat_BChw.float() + self._up_phi(si, h_BChw)
+            f_hat_BChw = at_least_float32(f_hat_BChw) + self._up_phi(si, h_BChw)
             if si == self.num_scales - 1:
                 return f_hat_BChw, None
             pn_next = self.patch_nums[si + 1]
@@ -242,7 +245,7 @@ class MultiScaleQuantizer(nn.Module):
         self._check_f(f_BChw)
         B, C = f_BChw.shape[:2]
         with _fp32_region(f_BChw.device):
-            f_BChw = f_BChw.float()
+            f_BChw = at_least_float32(f_BChw)
             f_nograd_BChw = f_BChw.detach()
             f_rest_BChw = f_nograd_BChw.clone()
             f_hat_BChw = torch.zeros_like(f_rest_BChw)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainlab.dtypes import at_least_float32
 from trainlab.errors import UsageError
 from trainlab.models.var.blocks import AdaLNBeforeHead, AdaLNSelfAttn, AttnSegment, StaticKVCache
 from trainlab.models.var.scales import scale_ends, scale_of_position, sequence_length
@@ -223,8 +224,8 @@ class VAR(nn.Module):
         return cond_BD
 
     def logits(self, h_BLC: torch.Tensor, cond_BD: torch.Tensor) -> torch.Tensor:
-        """Head: AdaLN (on the raw class embedding) + Linear, float32 logits (B, L, V)."""
-        return self.head(self.head_nm(h_BLC.float(), cond_BD).float()).float()
+        """Head: AdaLN (on the raw class embedding) + Linear, float32 logits (B, L, V) (float64 in an fp64 run)."""
+        return at_least_float32(self.head(at_least_float32(self.head_nm(at_least_float32(h_BLC), cond_BD))))
 
     def _segments(self, end: int) -> list[AttnSegment]:
         """Block-structured attention plan for the first `end` tokens (a scale boundary)."""
@@ -270,7 +271,7 @@ class VAR(nn.Module):
         with torch.autocast(device_type, enabled=False):
             cond_BD = self.class_emb(self.drop_labels(label_B, cond_drop_rate))
             sos_BlC = cond_BD.unsqueeze(1).expand(B, self.first_l, -1) + self.pos_start.expand(B, self.first_l, -1)
-            x_BLC = torch.cat((sos_BlC, self.word_embed(x_BLCv_wo_first_l.float())), dim=1)
+            x_BLC = torch.cat((sos_BlC, self.word_embed(at_least_float32(x_BLCv_wo_first_l))), dim=1)
             x_BLC = x_BLC + (self.lvl_embed(self.lvl_1L[:, :end]) + self.pos_1LC[:, :end])
         cond_in = self.condition(cond_BD)
         if torch.is_autocast_enabled(device_type):
@@ -338,10 +339,10 @@ class VAR(nn.Module):
         The head Linear is affine, so the mix is taken on the head-normed features and the head runs on B rows
         instead of 2B (same value up to float rounding; at t = 0 the unconditional rows are skipped).
         """
-        feat_BlC = self.head_nm(h_BlC.float(), cond_BD).float()
+        feat_BlC = at_least_float32(self.head_nm(at_least_float32(h_BlC), cond_BD))
         B = feat_BlC.shape[0] // 2
         feat_BlC = feat_BlC[:B] if t == 0.0 else (1 + t) * feat_BlC[:B] - t * feat_BlC[B:]
-        return self.head(feat_BlC).float()
+        return at_least_float32(self.head(feat_BlC))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
