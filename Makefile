@@ -15,11 +15,16 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: $(STAMP)  ## set-up + lint + type check + the default (fast) test suite
+# Other CPU kernels than this machine's: ATen's baseline kernels, MKL's compatible code path, oneDNN capped at SSE4.1.
+# The golden runs are repeated under them: their portable (fp64) check must hold on any CPU (tests/golden.py).
+OTHER_CPU_KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPAT ONEDNN_MAX_CPU_ISA=SSE41
+
+test: $(STAMP)  ## set-up + lint + type check + the default (fast) test suite + the golden runs on other kernels
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+	$(OTHER_CPU_KERNELS) $(BIN)/pytest -q -p no:cacheprovider tests/test_golden_losses.py
 
 test-all: $(STAMP)  ## also the slow tests
 	$(BIN)/pytest -q -m "slow or not slow"

@@ -50,10 +50,24 @@ def python() -> str:
     return sys.executable
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    from golden import machine_fingerprint, native_path
+
+    machine = machine_fingerprint()
+    native = native_path()
+    return (
+        f"golden runs: {machine['cpu'].get('model', '?')}, {machine['aten_cpu_capability']} kernels "
+        f"{machine['kernel_env'] or ''}; native goldens {native.name} {'present' if native.is_file() else 'absent'}"
+    )
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden",
         action="store_true",
         default=False,
-        help="rewrite tests/assets/golden_losses.json from this run (say why behaviour changed in the commit)",
+        help=(
+            "rewrite the golden runs (tests/assets/golden_reference.json and golden_native/ for this machine) from "
+            "this run; say why behaviour changed in the commit"
+        ),
     )

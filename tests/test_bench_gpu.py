@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainlab.engine.precision import PRECISION_MODES
+from trainlab.engine.precision import LAB_PRECISIONS
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
 
@@ -44,5 +44,5 @@ def test_smoke_run_measures_every_section(tmp_path: Path, python: str, run_env: 
         assert run["seconds_per_step"] == pytest.approx(2 / run["images_per_second"])
     assert sample["steady_images_per_second"] > 0
     assert {"tokens", "decode"} <= set(sample["runs"]["2_batches"]["phases_s"])
-    assert set(precision["modes"]) == set(PRECISION_MODES)  # all eight
+    assert set(precision["modes"]) == set(LAB_PRECISIONS)  # all eight training modes
     assert all(m["images_per_second"] > 0 for m in precision["modes"].values())

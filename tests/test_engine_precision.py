@@ -26,7 +26,9 @@ def test_parse_modes() -> None:
     assert (p.param_dtype, p.scaling) == (torch.bfloat16, "none")
 
 
-@pytest.mark.parametrize("bad", ["fp32-scale", "bf16-scale", "fp32-amp", "fp8", "fp16-amp-scale-x", ""])
+@pytest.mark.parametrize(
+    "bad", ["fp32-scale", "bf16-scale", "fp32-amp", "fp64-amp", "fp64-scale", "fp8", "fp16-amp-scale-x", ""]
+)
 def test_invalid_combinations_refused(bad: str) -> None:
     with pytest.raises(UsageError) as err:
         Precision.parse(bad)
@@ -50,6 +52,21 @@ def test_every_mode_trains_two_steps(mode: str, tmp_path: Path) -> None:
     result = Trainer(ToyRecipe(cfg)).fit()
     assert result.step == 2
     assert all(math.isfinite(x) for x in result.losses)
+
+
+def test_fp64_builds_trains_and_logs_in_float64_and_restores_the_default_dtype(tmp_path: Path) -> None:
+    """The reference mode: weights, data and the logged loss in float64 (BatchNorm included), nothing left behind."""
+    cfg = ToyConfig(run_dir=tmp_path, precision="fp64", num_samples=32, batch_size=16, epochs=1, tensorboard=False)
+    trainer = Trainer(ToyRecipe(cfg))
+    assert all(p.dtype == torch.float64 for p in trainer.parts.models["model"].parameters())
+    assert trainer.train_dataset[0]["input"].dtype == torch.float64  # generated in float64, not cast from fp32
+    assert torch.get_default_dtype() == torch.float32
+    result = trainer.fit()
+    assert torch.get_default_dtype() == torch.float32
+    assert result.step == 2 and float(torch.tensor(result.losses[0], dtype=torch.float32)) != result.losses[0]
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    Precision.parse("fp64").prepare_model(model)  # keep_batchnorm_fp32 is for 16-bit modes only
+    assert model[1].weight.dtype == model[1].running_var.dtype == torch.float64
 
 
 def test_pure_modes_keep_batchnorm_fp32() -> None:

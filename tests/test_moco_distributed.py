@@ -96,8 +96,11 @@ def test_two_processes_with_gathered_keys_equal_one_process(
         assert grads_1.keys() == ranks[0]["grads"].keys()
         nonzero = 0
         for name, grad in grads_1.items():
+            # split over ranks the sums run in another order: equal to rounding, measured against the tensor's own
+            # scale (a small gradient such as the ViT's cls token has no meaningful absolute floor)
+            atol = 1e-5 * float(grad.abs().max())
             for rank in ranks:  # DDP leaves the same averaged gradient on both ranks
-                torch.testing.assert_close(rank["grads"][name], grad, rtol=1e-5, atol=1e-7, msg=f"{arch} {name}")
+                torch.testing.assert_close(rank["grads"][name], grad, rtol=1e-5, atol=atol, msg=f"{arch} {name}")
             nonzero += bool(grad.abs().max() > 0)
         assert nonzero > len(grads_1) // 2, (arch, nonzero)  # the comparison is not between zeros
 

@@ -252,13 +252,23 @@ def test_dead_codes_are_restarted_from_recent_encoder_vectors() -> None:
     weight = torch.zeros(4, 2)
     candidates = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
     first = restart_codes_(weight, dead, candidates, torch.Generator().manual_seed(0))
-    assert first == 2 and (weight[[0, 2]] == 0).all()
+    assert first.tolist() == dead.tolist() and (weight[[0, 2]] == 0).all()
     assert all(any(torch.equal(row, c) for c in candidates) for row in weight[[1, 3]])
+    assert not torch.equal(weight[1], weight[3])  # distinct vectors: identical codes would tie forever
     again = torch.zeros(4, 2)
     restart_codes_(again, dead, candidates, torch.Generator().manual_seed(0))
     assert torch.equal(weight, again)  # the draw is reproducible from the generator state
     tracker.revive(dead, step=2)  # a fresh grace period for 1 and 3; 0 and 2 were last hit at step 1
     assert tracker.dead(step=3).tolist() == [True, False, True, False] and tracker.dead(step=4).all()
+
+
+def test_more_dead_codes_than_candidates_restart_distinct_vectors_and_the_rest_wait() -> None:
+    weight = torch.zeros(5, 2)
+    dead = torch.tensor([True, True, False, True, True])
+    candidates = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    restarted = restart_codes_(weight, dead, candidates, torch.Generator().manual_seed(3))
+    assert restarted.tolist() == [True, True, False, False, False]  # the lowest-numbered dead codes, one per vector
+    assert sorted(weight[:2, 0].tolist()) == [1.0, 2.0] and (weight[2:] == 0).all()
 
 
 # -------------------------------------------------------------------------------------------- perceptual
