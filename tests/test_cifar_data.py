@@ -1,16 +1,16 @@
-"""CIFAR-10 loading (real torchvision code path on a fake dataset) and deterministic augmentation."""
+"""CIFAR-10 loading (the restricted reader on a fake dataset in the official layout) and deterministic augmentation."""
 
 from __future__ import annotations
 
 import pickle
 import urllib.error
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
-from torchvision.datasets import CIFAR10
 from torchvision.transforms.v2 import functional as TF
 
 from trainlab.data.cifar import (
@@ -31,10 +31,9 @@ def fake_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_fake_cifar10(tmp_path_factory.mktemp("cifar"), num_train=100, num_test=30, seed=0)
 
 
-def test_fake_dataset_loads_through_torchvision(fake_root: Path) -> None:
+def test_fake_dataset_loads_like_torchvision(fake_root: Path) -> None:
     train = load_cifar10(fake_root, train=True)
     test = load_cifar10(fake_root, train=False)
-    assert isinstance(train, CIFAR10)
     assert train.data.shape == (100, 32, 32, 3) and train.data.dtype == np.uint8
     assert test.data.shape == (30, 32, 32, 3)
     assert np.bincount(train.targets).tolist() == [10] * 10
@@ -62,10 +61,18 @@ def test_fake_dataset_is_reproducible(tmp_path: Path, fake_root: Path) -> None:
     assert not np.array_equal(other.data, again.data)
 
 
-def test_stock_torchvision_rejects_fake_files(fake_root: Path) -> None:
-    # Documents why TrainlabCIFAR10 exists: torchvision md5-checks every file on load.
-    with pytest.raises(RuntimeError, match="not found or corrupted"):
-        CIFAR10(fake_root, train=True, download=False)
+def test_arrays_equal_torchvisions_reading_of_the_same_files(fake_root: Path) -> None:
+    from torchvision.datasets import CIFAR10
+
+    class Unchecked(CIFAR10):  # torchvision md5-checks every file against the official release: off for fake data
+        train_list: ClassVar[list[list[str | None]]] = [[name, None] for name, _md5 in CIFAR10.train_list]
+        test_list: ClassVar[list[list[str | None]]] = [[name, None] for name, _md5 in CIFAR10.test_list]
+        meta: ClassVar[dict[str, str | None]] = {**CIFAR10.meta, "md5": None}
+
+    for train in (True, False):
+        ours, reference = load_cifar10(fake_root, train=train), Unchecked(fake_root, train=train)
+        assert np.array_equal(ours.data, reference.data) and ours.data.strides == reference.data.strides
+        assert ours.targets == reference.targets and ours.classes == reference.classes
 
 
 def test_missing_root_is_a_usage_error(tmp_path: Path) -> None:
@@ -83,7 +90,7 @@ def test_incomplete_and_corrupt_dataset_errors(tmp_path: Path) -> None:
     root = write_fake_cifar10(tmp_path, num_train=20, num_test=10)
     folder = root / "cifar-10-batches-py"
     (folder / "data_batch_3").write_bytes((folder / "data_batch_3").read_bytes()[:100])  # truncated
-    with pytest.raises(UsageError, match=r"corrupt or unreadable .*--download"):
+    with pytest.raises(UsageError, match=r"data_batch_3 is corrupt or unreadable .*--download"):
         load_cifar10(root, train=True)
     (folder / "data_batch_3").unlink()
     with pytest.raises(UsageError, match=r"incomplete \(missing data_batch_3"):
@@ -94,7 +101,7 @@ def test_download_failure_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.M
     def offline(*args: object, **kwargs: object) -> None:
         raise urllib.error.URLError("Name or service not known")
 
-    monkeypatch.setattr("torchvision.datasets.cifar.download_and_extract_archive", offline)
+    monkeypatch.setattr("trainlab.data.cifar.download_and_extract_archive", offline)
     with pytest.raises(UsageError, match=r"^could not download CIFAR-10 into .*URLError.*check the network") as info:
         load_cifar10(tmp_path, train=True, download=True)
     assert "\n" not in str(info.value)
@@ -104,7 +111,7 @@ def test_download_is_skipped_when_files_exist(fake_root: Path, monkeypatch: pyte
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("must not download")
 
-    monkeypatch.setattr("torchvision.datasets.cifar.download_and_extract_archive", fail)
+    monkeypatch.setattr("trainlab.data.cifar.download_and_extract_archive", fail)
     assert len(load_cifar10(fake_root, train=False, download=True)) == 30
 
 

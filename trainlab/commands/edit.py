@@ -29,7 +29,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from trainlab.config import option, parse
 from trainlab.errors import UsageError
@@ -99,11 +99,13 @@ class EditConfig:
 
 # ------------------------------------------------------------------------------------------------ inputs
 def _open(path: Path, flag: str, mode: str) -> Image.Image:
+    """The image through the one image reader (regular files, plain formats, a pixel limit); errors name `flag`."""
+    from trainlab.data.images import UnreadableImage, read_image
+
     try:
-        with Image.open(path) as img:
-            return img.convert(mode)
-    except (UnidentifiedImageError, OSError) as err:
-        raise UsageError(f"{flag} {path} is not a readable image ({type(err).__name__}); pass a PNG or JPEG") from None
+        return read_image(path, mode)
+    except UnreadableImage as err:
+        raise UsageError(f"{flag} {err}; pass a PNG or JPEG image") from None
 
 
 def _mask_image(config: EditConfig, size: tuple[int, int]) -> Image.Image:

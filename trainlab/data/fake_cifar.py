@@ -4,12 +4,14 @@ Used by tests and `--debug` runs so they go through the real loader (`trainlab.d
 163 MB download. The images are learnable: each class has its own colour and stripe orientation, plus a random
 phase, brightness jitter and pixel noise, so a debug model climbs well above chance (10%) within a few epochs.
 
-Layout (what torchvision's `CIFAR10` reads): `<root>/cifar-10-batches-py/` with `data_batch_1` .. `data_batch_5`,
-`test_batch` and `batches.meta`, each a pickled dict. Batches hold "data" (uint8 (n, 3072), each row the red, then
-green, then blue 32x32 plane), "labels" (list of int), "batch_label" (str) and "filenames" (list of str); the meta
-file holds "label_names", "num_cases_per_batch" and "num_vis". The official files were pickled by Python 2, whose
-`str` keys come back as `str` under torchvision's `encoding="latin1"` (and as b"data" etc. only under
-`encoding="bytes"`); torchvision indexes `entry["data"]`, so the keys here are `str`.
+Layout (what `load_cifar10` and torchvision's `CIFAR10` read): `<root>/cifar-10-batches-py/` with `data_batch_1` ..
+`data_batch_5`, `test_batch` and `batches.meta`, each a pickled dict. Batches hold "data" (uint8 (n, 3072), each row
+the red, then green, then blue 32x32 plane), "labels" (list of int), "batch_label" (str) and "filenames" (list of
+str); the meta file holds "label_names", "num_cases_per_batch" and "num_vis". The official files were pickled by
+Python 2, whose `str` keys come back as `str` under `encoding="latin1"` (and as b"data" etc. only under
+`encoding="bytes"`); the readers index `entry["data"]`, so the keys here are `str`. The files are written at pickle
+protocol 2, where Python 3 pickles the arrays' bytes as `_codecs.encode(text, "latin1")`: `load_cifar10`'s restricted
+unpickler admits exactly that.
 """
 
 # Shape legend: N images, H/W height/width (32), 3 RGB channels.
@@ -73,7 +75,7 @@ def _write_batch(path: Path, img_N3HW: np.ndarray, labels_N: np.ndarray, batch_l
 
 
 def write_fake_cifar10(root: str | Path, *, num_train: int = 256, num_test: int = 64, seed: int = 0) -> Path:
-    """Writes a small synthetic CIFAR-10 that torchvision's `CIFAR10` (and `load_cifar10`) can open.
+    """Writes a small synthetic CIFAR-10 that `load_cifar10` (and torchvision's `CIFAR10`) can open.
 
     Args:
         root: directory to create `cifar-10-batches-py/` in (existing files there are overwritten). The set is

@@ -16,6 +16,7 @@ Shape legend: C channels (3), H/W pixels, S output side, N images.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from abc import ABC, abstractmethod
@@ -25,11 +26,12 @@ from pathlib import Path
 
 import torch
 import torchvision.transforms.v2.functional as TF
-from PIL import Image
 from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter, draw_words
-from trainlab.data.image_folder import FolderIndex, scan_image_folder
+from trainlab.data.image_folder import FolderIndex, UnreadableSkipper, scan_image_folder
+
+log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -123,8 +125,8 @@ def two_views(
 class TwoViewDataset(Dataset[dict[str, torch.Tensor]], ABC):
     """Images as `{"view1": (3, S, S), "view2": (3, S, S), "label": int64}` (the label only for monitoring).
 
-    Subclasses provide `_image(index)`: (3, H, W) in [0, 1] in the default dtype (float32). Call `set_epoch` before
-    each epoch.
+    Subclasses provide `_sample(index)`: the image, (3, H, W) in [0, 1] in the default dtype (float32), and its
+    class id. Call `set_epoch` before each epoch.
     """
 
     def __init__(self, spec: ViewSpec, *, seed: int) -> None:
@@ -136,16 +138,14 @@ class TwoViewDataset(Dataset[dict[str, torch.Tensor]], ABC):
         self._epoch.set(epoch)
 
     @abstractmethod
-    def _image(self, index: int) -> torch.Tensor:
-        """Sample `index` as (3, H, W) in [0, 1], in the default dtype."""
-
-    @abstractmethod
-    def _label(self, index: int) -> torch.Tensor:
-        """Sample `index`'s class id (int64 scalar), for monitoring only."""
+    def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample `index`: (3, H, W) in [0, 1] in the default dtype, and its class id (int64 scalar, for monitoring
+        only)."""
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        view1, view2 = two_views(self._image(index), self.spec, seed=self.seed, epoch=self._epoch.get(), index=index)
-        return {"view1": view1, "view2": view2, "label": self._label(index)}
+        img_CHW, label = self._sample(index)
+        view1, view2 = two_views(img_CHW, self.spec, seed=self.seed, epoch=self._epoch.get(), index=index)
+        return {"view1": view1, "view2": view2, "label": label}
 
 
 class TensorTwoViews(TwoViewDataset):
@@ -164,32 +164,50 @@ class TensorTwoViews(TwoViewDataset):
     def __len__(self) -> int:
         return int(self.labels_N.shape[0])
 
-    def _image(self, index: int) -> torch.Tensor:
+    def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         img = self.images_N3HW[index]
         dtype = torch.get_default_dtype()
-        return img.to(dtype).div(255.0) if img.dtype == torch.uint8 else img.to(dtype)
-
-    def _label(self, index: int) -> torch.Tensor:
-        return self.labels_N[index].clone()
+        img = img.to(dtype).div(255.0) if img.dtype == torch.uint8 else img.to(dtype)
+        return img, self.labels_N[index].clone()
 
 
 class FolderTwoViews(TwoViewDataset):
-    """Two views of an ImageNet-layout folder (official main_moco.py: `ImageFolder(traindir, TwoCropsTransform)`)."""
+    """Two views of an ImageNet-layout folder (official main_moco.py: `ImageFolder(traindir, TwoCropsTransform)`).
+
+    Scanning, reading and the skipping of unreadable images are the image folder's (`trainlab.data.image_folder`):
+    an unreadable image is replaced by the next readable one, counted (`skipped_images`) and warned about; the views
+    are still drawn from (seed, epoch, index) of the requested sample.
+    """
 
     def __init__(self, root: str | Path, spec: ViewSpec, *, seed: int, index: FolderIndex | None = None) -> None:
         super().__init__(spec, seed=seed)
         self.index = index if index is not None else scan_image_folder(root)
+        self._reader = UnreadableSkipper(self.index)
 
     def __len__(self) -> int:
         return len(self.index.files)
 
-    def _image(self, index: int) -> torch.Tensor:
-        rel, _ = self.index.files[index]
-        with Image.open(self.index.root / rel) as img:
-            return TF.to_dtype(TF.pil_to_tensor(img.convert("RGB")), torch.get_default_dtype(), scale=True)
+    @property
+    def skipped_images(self) -> int:
+        """Unreadable images replaced since the last `set_epoch` (all loader workers together)."""
+        return self._reader.skipped
 
-    def _label(self, index: int) -> torch.Tensor:
-        return torch.tensor(self.index.files[index][1], dtype=torch.long)
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the view draws; logs and resets the previous epoch's skip count."""
+        skipped = self._reader.reset()
+        if skipped:
+            log.warning(
+                "%s: epoch %d replaced %d unreadable image(s) by the next readable one",
+                self.index.root,
+                self._epoch.get(),
+                skipped,
+            )
+        super().set_epoch(epoch)
+
+    def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        position, img = self._reader.read(index)
+        img_CHW = TF.to_dtype(TF.pil_to_tensor(img), torch.get_default_dtype(), scale=True)
+        return img_CHW, torch.tensor(self.index.files[position][1], dtype=torch.long)
 
 
 def normalise(images_N3HW: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from trainlab import dist
 from trainlab.data.augment import EpochCounter, augment_draws, decide_flip
+from trainlab.data.errors import DataError
 from trainlab.dtypes import at_least_float32
 from trainlab.errors import UsageError
 
@@ -57,6 +58,11 @@ VARIANT_MIRRORED = "mirrored"
 _META = "meta.json"
 _TOKENS = "tokens.npy"
 _LABELS = "labels.npy"
+
+
+def _damaged(path: Path, detail: str) -> DataError:
+    detail = " ".join(detail.split())[:200]
+    return DataError(f"token cache file {path} is damaged ({detail}); delete {path.parent} and it is rebuilt")
 
 
 def tokenizer_sha256(model: nn.Module) -> str:
@@ -141,7 +147,14 @@ def check_token_cache(path: Path, spec: TokenCacheSpec) -> tuple[Literal["ok", "
 
 
 class TokenCache:
-    """A complete cache directory, memory-mapped read-only (opened lazily in each process, never pickled)."""
+    """A complete cache directory, memory-mapped read-only (opened lazily in each process, never pickled).
+
+    Opening checks the arrays against meta.json (integer tokens of shape (N, A, L), int labels of shape (N,)), so a
+    damaged or replaced file is one line naming it here, not an error inside a loader worker later.
+
+    Raises:
+        UsageError: no meta.json; `DataError`: a damaged meta.json, tokens.npy or labels.npy.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -149,11 +162,24 @@ class TokenCache:
         if meta is None:
             raise UsageError(f"no complete token cache at {self.path} (meta.json missing); rebuild it")
         self.meta = meta
-        self.num_items = int(meta["num_items"])
-        self.num_variants = len(meta["fingerprint"]["variants"])
-        self.patch_nums = tuple(int(pn) for pn in meta["fingerprint"]["patch_nums"])
+        try:
+            self.num_items = int(meta["num_items"])
+            self.num_variants = len(meta["fingerprint"]["variants"])
+            self.patch_nums = tuple(int(pn) for pn in meta["fingerprint"]["patch_nums"])
+            seq_len = int(meta["seq_len"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise _damaged(self.path / _META, f"{type(err).__name__}: {err}") from None
         self._tokens: np.ndarray | None = None
         self._labels: np.ndarray | None = None
+        tokens_NAL, labels_N = self._open()
+        if tokens_NAL.shape != (self.num_items, self.num_variants, seq_len) or tokens_NAL.dtype.kind != "i":
+            raise _damaged(
+                self.path / _TOKENS,
+                f"{tokens_NAL.dtype} {tokens_NAL.shape}, meta.json says int ({self.num_items}, {self.num_variants}, "
+                f"{seq_len})",
+            )
+        if labels_N.shape != (self.num_items,) or labels_N.dtype.kind != "i":
+            raise _damaged(self.path / _LABELS, f"{labels_N.dtype} {labels_N.shape}, expected int ({self.num_items},)")
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -162,8 +188,16 @@ class TokenCache:
 
     def _open(self) -> tuple[np.ndarray, np.ndarray]:
         if self._tokens is None or self._labels is None:
-            self._tokens = np.load(self.path / _TOKENS, mmap_mode="r")
-            self._labels = np.load(self.path / _LABELS, mmap_mode="r")
+            for name in (_TOKENS, _LABELS):
+                try:  # no pickle: object arrays are refused by np.load
+                    array = np.load(self.path / name, mmap_mode="r", allow_pickle=False)
+                except (OSError, ValueError, EOFError) as err:
+                    raise _damaged(self.path / name, f"{type(err).__name__}: {err}") from None
+                if name == _TOKENS:
+                    self._tokens = array
+                else:
+                    self._labels = array
+        assert self._tokens is not None and self._labels is not None
         return self._tokens, self._labels
 
     def tokens(self, index: int, variant: int = 0) -> torch.Tensor:

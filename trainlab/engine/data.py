@@ -96,7 +96,12 @@ def build_loader(
     pin_memory: bool,
     collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader[Any]:
-    """A DataLoader over the step sampler; worker RNGs derive from `seed` (distinct per worker, same run to run)."""
+    """A DataLoader over the step sampler; worker RNGs derive from `seed` (distinct per worker, same run to run).
+
+    Errors the data path raises on purpose inside a worker (an image folder without a readable image, ...) are
+    `trainlab.data.errors.DataError`s: PyTorch re-raises them in this process as the same one line as without
+    workers, not wrapped in the worker's traceback.
+    """
     generator = torch.Generator().manual_seed(derive_seed(seed, 0xD47A))
     return DataLoader(
         dataset,

@@ -45,7 +45,7 @@ from torch.utils.data import Dataset
 
 from trainlab.errors import UsageError
 from trainlab.evaluate.fid import frechet_distance
-from trainlab.evaluate.image_sets import ImageSet
+from trainlab.evaluate.image_sets import ImageSet, npz_members, read_npz_member
 from trainlab.evaluate.inception import load_inception
 
 log = logging.getLogger(__name__)
@@ -252,22 +252,29 @@ def read_reference_mu_sigma(reference: ImageSet) -> tuple[np.ndarray, np.ndarray
     """
     if reference.array_NHW3 is None:
         return None
-    with np.load(reference.source) as npz:
-        present = [name for name in ("mu", "sigma") if name in npz.files]
-        if not present:
-            return None
-        if len(present) == 1:
-            raise UsageError(
-                f"--reference {reference.source} has {present[0]} but not {'sigma' if present == ['mu'] else 'mu'}: "
-                "an OpenAI-evaluator reference batch holds both (or drop the one)"
-            )
-        mu_D, sigma_DD = np.asarray(npz["mu"], dtype=np.float64), np.asarray(npz["sigma"], dtype=np.float64)
+    names = npz_members(reference.source, "--reference")
+    present = [name for name in ("mu", "sigma") if name in names]
+    if not present:
+        return None
+    if len(present) == 1:
+        raise UsageError(
+            f"--reference {reference.source} has {present[0]} but not {'sigma' if present == ['mu'] else 'mu'}: "
+            "an OpenAI-evaluator reference batch holds both (or drop the one)"
+        )
+    mu_D, sigma_DD = (read_npz_member(reference.source, name, "--reference") for name in ("mu", "sigma"))
+    if mu_D.dtype.kind not in "fiu" or sigma_DD.dtype.kind not in "fiu":
+        raise UsageError(
+            f"--reference {reference.source}: mu is {mu_D.dtype} and sigma {sigma_DD.dtype}, expected float statistics"
+        )
+    mu_D, sigma_DD = np.asarray(mu_D, dtype=np.float64), np.asarray(sigma_DD, dtype=np.float64)
     dim = int(POOL_FEATURES)
     if mu_D.shape != (dim,) or sigma_DD.shape != (dim, dim):
         raise UsageError(
             f"--reference {reference.source}: mu {mu_D.shape} / sigma {sigma_DD.shape} are not statistics of "
             f"{dim}-d Inception pool features ((2048,) / (2048, 2048))"
         )
+    if not (np.isfinite(mu_D).all() and np.isfinite(sigma_DD).all()):
+        raise UsageError(f"--reference {reference.source}: mu or sigma holds NaN or inf; recompute the statistics")
     return mu_D, sigma_DD
 
 

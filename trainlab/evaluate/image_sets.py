@@ -11,6 +11,12 @@ Two layouts are read, both written by `trainlab sample --out-dir DIR`:
 
 Every image must have the same size (FID and the judge compare like with like); greyscale and RGBA files are
 converted to RGB. `fingerprint()` hashes the content, so cached statistics are reused only for the same images.
+
+Image files are read by `trainlab.data.images` (regular files only, never blocking on a FIFO, plain raster formats,
+a pixel limit checked from the header against decompression bombs); an unreadable one stops with one line naming it.
+`.npz` members are read by `read_npz_member`: never unpickled (object arrays are refused), the header checked against
+the member's size before anything is mapped or allocated, and any malformed file (bad magic, truncated, not a zip)
+one line naming the file.
 """
 
 # Shape legend: N images, H/W pixels, 3 RGB channels.
@@ -19,14 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 import struct
 import zipfile
 from pathlib import Path
+from typing import IO
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
+from trainlab.data.images import UnreadableImage, read_image, read_image_size
 from trainlab.errors import UsageError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -100,10 +108,16 @@ def read_image_set(path: Path, *, flag: str = "--samples") -> ImageSet:
 
 def _read_rgb(path: Path) -> np.ndarray:
     try:
-        with Image.open(path) as img:
-            return np.array(img.convert("RGB"), dtype=np.uint8)  # a writable copy (PIL arrays are read-only)
-    except (OSError, UnidentifiedImageError) as err:
-        raise UsageError(f"{path} is not a readable image ({err}): delete or replace it") from None
+        return np.array(read_image(path), dtype=np.uint8)  # a writable copy (PIL arrays are read-only)
+    except UnreadableImage as err:
+        raise UnreadableImage(f"{err}; delete or replace it") from None
+
+
+def _read_size(path: Path) -> tuple[int, int]:
+    try:
+        return read_image_size(path)
+    except UnreadableImage as err:
+        raise UnreadableImage(f"{err}; delete or replace it") from None
 
 
 def _read_folder(folder: Path, flag: str) -> ImageSet:
@@ -112,11 +126,7 @@ def _read_folder(folder: Path, flag: str) -> ImageSet:
         raise UsageError(f"{flag} {folder} holds no .png/.jpg images (sub-folders are not searched)")
     sizes: dict[tuple[int, int], Path] = {}
     for path in files:  # headers only: a mixed folder fails before any feature is extracted
-        try:
-            with Image.open(path) as img:
-                sizes.setdefault(img.size, path)
-        except (OSError, UnidentifiedImageError) as err:
-            raise UsageError(f"{path} is not a readable image ({err}): delete or replace it") from None
+        sizes.setdefault(_read_size(path), path)
         if len(sizes) > 1:
             (w1, h1), (w2, h2) = list(sizes)
             first, other = sizes[(w1, h1)], sizes[(w2, h2)]
@@ -131,17 +141,13 @@ def _read_folder(folder: Path, flag: str) -> ImageSet:
 
 
 def _read_npz(path: Path, flag: str) -> ImageSet:
-    try:
-        with np.load(path) as npz:
-            names = set(npz.files)
-    except (OSError, ValueError, zipfile.BadZipFile) as err:
-        raise UsageError(f"{flag} {path} is not a readable .npz ({err})") from None
+    names = npz_members(path, flag)
     if "arr_0" not in names:
         raise UsageError(
             f"{flag} {path} has no arr_0 (arrays: {', '.join(sorted(names)) or 'none'}): pass an .npz with uint8 "
             "(N, H, W, 3) images under arr_0 (np.savez(path, images), or trainlab sample --out-dir)"
         )
-    array_NHW3 = _map_npz_array(path, "arr_0")
+    array_NHW3 = read_npz_member(path, "arr_0", flag)
     if array_NHW3.dtype != np.uint8 or array_NHW3.ndim != 4 or array_NHW3.shape[-1] != 3:
         raise UsageError(
             f"{flag} {path}: arr_0 is {array_NHW3.dtype} {array_NHW3.shape}, expected uint8 (N, H, W, 3) images"
@@ -150,8 +156,7 @@ def _read_npz(path: Path, flag: str) -> ImageSet:
         raise UsageError(f"{flag} {path}: arr_0 holds no images")
     labels_N = None
     if "arr_1" in names:
-        with np.load(path) as npz:
-            labels_N = np.asarray(npz["arr_1"])
+        labels_N = np.asarray(read_npz_member(path, "arr_1", flag))
         if labels_N.shape != (array_NHW3.shape[0],) or not np.issubdtype(labels_N.dtype, np.integer):
             raise UsageError(
                 f"{flag} {path}: arr_1 is {labels_N.dtype} {labels_N.shape}, expected int class labels "
@@ -161,24 +166,77 @@ def _read_npz(path: Path, flag: str) -> ImageSet:
     return ImageSet(path, (), array_NHW3, tuple(array_NHW3.shape[1:]), labels_N)
 
 
-def _map_npz_array(path: Path, name: str) -> np.ndarray:
-    """Member `name` of an .npz, memory-mapped when it is stored uncompressed, else loaded."""
-    with zipfile.ZipFile(path) as archive:
-        info = archive.getinfo(f"{name}.npy")
-        if info.compress_type == zipfile.ZIP_STORED:
-            with open(path, "rb") as raw:
-                raw.seek(info.header_offset)
-                fields = _ZIP_LOCAL_HEADER.unpack(raw.read(_ZIP_LOCAL_HEADER.size))
-                raw.seek(info.header_offset + _ZIP_LOCAL_HEADER.size + fields[-2] + fields[-1])
-                version = np.lib.format.read_magic(raw)
-                if version in ((1, 0), (2, 0)):
-                    reader = (
-                        np.lib.format.read_array_header_1_0
-                        if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0
+def npz_members(path: Path, flag: str) -> set[str]:
+    """Names of the arrays in an `.npz` (its `.npy` members without the suffix).
+
+    Raises:
+        UsageError: the file is not a readable zip archive.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return {name[: -len(".npy")] for name in archive.namelist() if name.endswith(".npy")}
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as err:
+        raise UsageError(f"{flag} {path} is not a readable .npz ({_one_line(err)}); pass a file of np.savez") from None
+
+
+def read_npz_member(path: Path, name: str, flag: str) -> np.ndarray:
+    """Array `name` of an `.npz`, memory-mapped when stored uncompressed in C order, else loaded; never unpickled.
+
+    The `.npy` header is read first: an object array (pickled Python objects) is refused, and a shape that does not
+    match the member's size (a truncated or doctored file) is refused before anything is mapped or allocated.
+
+    Raises:
+        UsageError: one line naming the file, for an object array, a size mismatch or any malformed member.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = archive.getinfo(f"{name}.npy")
+            with archive.open(info) as member:
+                header = _npy_header(member)
+                header_size = member.tell()
+            if header is not None:
+                shape, fortran_order, dtype = header
+                if dtype.hasobject:
+                    raise UsageError(
+                        f"{flag} {path}: {name} is an object array (pickled Python objects), which is never loaded; "
+                        "save plain numeric arrays (np.savez with numpy arrays of numbers)"
                     )
-                    shape, fortran_order, dtype = reader(raw)
-                    if not fortran_order and not dtype.hasobject and int(np.prod(shape)) > 0:
-                        return np.memmap(path, dtype=dtype, mode="r", offset=raw.tell(), shape=shape)
-    with np.load(path) as npz:
-        return np.asarray(npz[name])
+                size = math.prod(shape) * dtype.itemsize
+                if size != info.file_size - header_size:
+                    raise UsageError(
+                        f"{flag} {path}: {name} declares {shape} {dtype} ({size} bytes) but holds "
+                        f"{info.file_size - header_size} bytes: the file is truncated or damaged"
+                    )
+                if info.compress_type == zipfile.ZIP_STORED and not fortran_order and size > 0:
+                    return np.memmap(
+                        path, dtype=dtype, mode="r", offset=_data_offset(path, info) + header_size, shape=shape
+                    )
+            with archive.open(info) as member:
+                return np.lib.format.read_array(member, allow_pickle=False)
+    except UsageError:
+        raise
+    except Exception as err:  # nothing here runs code; any failure is a malformed file (bad magic, EOF, bad zip...)
+        raise UsageError(f"{flag} {path}: {name} is not a readable .npy member ({_one_line(err)})") from None
+
+
+def _npy_header(member: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype] | None:
+    """(shape, fortran order, dtype) of an .npy stream of format 1.0 / 2.0; None for another version."""
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(member)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(member)
+    return None
+
+
+def _data_offset(path: Path, info: zipfile.ZipInfo) -> int:
+    """Where a stored (uncompressed) member's bytes start in the archive: after its local header."""
+    with open(path, "rb") as raw:
+        raw.seek(info.header_offset)
+        fields = _ZIP_LOCAL_HEADER.unpack(raw.read(_ZIP_LOCAL_HEADER.size))
+    return info.header_offset + _ZIP_LOCAL_HEADER.size + fields[-2] + fields[-1]
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())[:200]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -1,0 +1,140 @@
+"""The one image reader: every recipe, data module and command that opens an image file goes through `read_image`.
+
+The same rules everywhere:
+- Only regular files are opened. The file is opened with `O_NONBLOCK` and checked with `fstat` on the open
+  descriptor, so a FIFO, socket or device named `*.png` is refused at once instead of blocking (a FIFO without a
+  writer blocks a plain `open` forever), and a file swapped between a check and the open cannot slip through.
+- Only plain raster formats are decoded (`IMAGE_FORMATS`). Pillow identifies a file by its content, not its name:
+  without the restriction an EPS file named `.png` would be handed to Ghostscript.
+- Decompression bombs are refused from the header, before any pixel is decoded: an image of more than
+  `MAX_IMAGE_PIXELS` pixels (Pillow's own default limit, 89,478,485, about 9459 x 9459) is an error, where Pillow
+  alone only warns up to twice that.
+- Everything that goes wrong (missing, not a regular file, not an image, a format outside the list, truncated,
+  corrupt, too large) is one typed error, `UnreadableImage`, whose message names the file and the reason (callers
+  add the fix that fits them). Training datasets catch it and skip the image (`trainlab.data.image_folder`);
+  commands that read an image the user named stop with it as one line (exit code 2).
+
+Decoding is Pillow's, unchanged: `read_image(path)` returns exactly what `Image.open(path).convert("RGB")` gives
+for a valid image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from PIL import Image
+
+from trainlab.data.errors import DataError
+
+MAX_IMAGE_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS default: 1024 * 1024 * 1024 // 4 // 3
+# Plain raster formats, by Pillow's format name. JPEG also admits MPO (multi-picture JPEG from cameras); PPM covers
+# .pgm / .pbm. Not here: EPS (runs Ghostscript), PDF, vector and container formats.
+IMAGE_FORMATS = ("PNG", "JPEG", "BMP", "PPM", "TIFF", "WEBP", "GIF")
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+class UnreadableImage(DataError):
+    """An image file that cannot be read: missing, not a regular file, not an image, truncated, corrupt or too large.
+
+    The message is one line naming the file and the reason.
+    """
+
+
+def read_image(path: str | Path, mode: str = "RGB") -> Image.Image:
+    """Decode one image file under the rules of the module docstring.
+
+    Args:
+        path: the image file.
+        mode: the Pillow mode of the result ("RGB", or "L" for an 8-bit grey mask).
+
+    Returns:
+        The fully decoded image in `mode`, independent of the file (which is closed).
+
+    Raises:
+        UnreadableImage: the file is missing, not a regular file, not an image of `IMAGE_FORMATS`, larger than
+            `MAX_IMAGE_PIXELS`, truncated or corrupt.
+    """
+    with _open_image(path) as img:
+        try:
+            return img.convert(mode)  # decodes every pixel: a truncated or corrupt file fails here
+        except Exception as err:  # Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...
+            raise _unreadable(path, _reason(err)) from None
+
+
+def read_image_size(path: str | Path) -> tuple[int, int]:
+    """(width, height) of an image file from its header, without decoding pixels; the same checks as `read_image`.
+
+    Raises:
+        UnreadableImage: as `read_image`, except that a truncated pixel stream is only found when decoding.
+    """
+    with _open_image(path) as img:
+        return img.size
+
+
+@contextlib.contextmanager
+def _open_image(path: str | Path) -> Iterator[Image.Image]:
+    """`Image.open` of a regular file, restricted to `IMAGE_FORMATS`, with the pixel limit checked from the header."""
+    with _open_regular(path) as f:
+        try:
+            with warnings.catch_warnings():  # the limit is checked below, as an error, for every size over it
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                img = Image.open(f, formats=IMAGE_FORMATS)
+        except Image.DecompressionBombError:
+            raise _unreadable(path, f"over the limit of {MAX_IMAGE_PIXELS} pixels (a decompression bomb?)") from None
+        except Exception as err:
+            raise _unreadable(path, _reason(err)) from None
+        with img:
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise _unreadable(
+                    path,
+                    f"{width}x{height} = {width * height} pixels, over the limit of {MAX_IMAGE_PIXELS} pixels "
+                    "(a decompression bomb?)",
+                )
+            yield img
+
+
+def _open_regular(path: str | Path) -> BinaryIO:
+    """The file opened for reading without blocking, refused unless it is a regular file (checked on the open fd)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as err:
+        raise _unreadable(path, err.strerror or type(err).__name__) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _unreadable(path, f"not a regular file ({_file_kind(info.st_mode)})")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _unreadable(path: str | Path, reason: str) -> UnreadableImage:
+    return UnreadableImage(f"{path} is not a readable image: {reason}")
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, Image.UnidentifiedImageError):
+        return f"not an image of a supported format: {', '.join(IMAGE_FORMATS)}"
+    text = " ".join(str(err).split())[:160]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _file_kind(mode: int) -> str:
+    for check, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if check(mode):
+            return name
+    return "a special file"
