@@ -384,7 +384,7 @@ def range_error(value: Any, tp: Any, bounds: Range | None) -> str | None:
         allow_inf = bounds is not None and bounds.allow_inf
         if math.isnan(value) or (math.isinf(value) and not allow_inf):
             exact = bounds.core() if bounds is not None and words == "positive" else words  # `> 0`, not `positive`
-            return f"must be a finite number{' ' + exact if exact else ''}, got {shown}"
+            return f"must be a {'' if allow_inf else 'finite '}number{' ' + exact if exact else ''}, got {shown}"
         if math.isfinite(value) and abs(value) > FLOAT32_MAX:
             limit = f"{words} and " if words else ""
             return f"must be {limit}within float32's range (magnitude <= 3.4e38), got {shown}"
@@ -449,12 +449,10 @@ def _validate_tree(obj: Any) -> None:
 
 def _shown_default(f: dataclasses.Field[Any]) -> str:
     if _is_required(f):
-        shown = "required"
-    else:
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-        shown = "default: " + (" ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default))
-    bounds = field_range(f)
-    return f"{shown}; range: {bounds.core()}" if bounds is not None else shown
+        return "required"
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
+    shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+    return f"default: {shown}"
 
 
 def _choices(tp: Any, optional: bool) -> list[str] | None:
@@ -479,6 +477,9 @@ def _add_arguments(
         metavar = f.metadata.get("metavar")
         if not prefix and auto and name in auto:
             help_text += f"; auto: {auto[name].help}"
+        bounds = field_range(f)
+        if bounds is not None:
+            help_text += f"; range: {bounds.core()}"
         if f.metadata.get("positional"):
             if prefix:
                 raise TypeError(f"{dotted}: only top-level fields can be positional")
