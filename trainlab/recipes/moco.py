@@ -109,8 +109,8 @@ def check_image_size(data: SslData, image_size: int, arch: str | None) -> None:
 
 
 def check_knn_k(k: int, k_flag: str, data: SslData, subset: int, subset_flag: str) -> None:
-    """Refuse more kNN neighbours than the bank can hold, where its size is known before any image is read (the
-    digits' 4,000 and CIFAR-10's 50,000 training images, or a subset): otherwise the run would fail at its first
+    """Refuse more kNN neighbours than the bank can hold, where a bound on its size is known before any image is
+    read (the bundled digits' 4,000 training images, or a subset): otherwise the run would fail at its first
     evaluation, after a whole epoch.
 
     Raises:
@@ -118,7 +118,7 @@ def check_knn_k(k: int, k_flag: str, data: SslData, subset: int, subset_flag: st
     """
     from trainlab.data.digits import NUM_CLASSES, TRAIN_PER_CLASS
 
-    full = {"digits": NUM_CLASSES * TRAIN_PER_CLASS, "cifar10": 50_000}.get(data)
+    full = NUM_CLASSES * TRAIN_PER_CLASS if data == "digits" else None
     sizes = [n for n in (full, subset if subset > 0 else None) if n is not None]
     if sizes and k > min(sizes):
         bank = min(sizes)
