@@ -25,6 +25,7 @@ optimizer and in no checkpoint, and never cast by the precision mode (the recipe
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ PrecisionName = Literal[
     "fp32", "fp16", "fp16-scale", "bf16", "fp16-amp", "fp16-amp-scale", "bf16-amp", "bf16-amp-scale"
 ]
 PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
+FP16_MAX = 65504.0
+"""The largest finite float16."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,26 @@ class TrainConfig:
         check_wandb_login(self.wandb)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
+        if self.precision in ("fp16", "fp16-scale"):
+            self._check_fp16_optimizer_settings()
+
+    def _check_fp16_optimizer_settings(self) -> None:
+        """With fp16 weights the optimizer applies the learning rate and the weight decay as fp16 numbers: one above
+        fp16's largest (65504) cannot be applied at all (it failed at the first step). A `base_` learning rate is per
+        256 images, as every recipe scales it (x batch_size / 256)."""
+        from trainlab.errors import UsageError
+
+        for f in dataclasses.fields(self):
+            if not f.name.endswith(("learning_rate", "weight_decay")):
+                continue
+            value = getattr(self, f.name)
+            applied = value * self.batch_size / 256 if f.name.startswith("base_") else value
+            if isinstance(value, (int, float)) and applied > FP16_MAX:
+                scaled = f" (x batch {self.batch_size} / 256 = {applied:g})" if applied != value else ""
+                raise UsageError(
+                    f"--{f.name.replace('_', '-')} {value:g}{scaled} exceeds fp16's largest number {FP16_MAX:g}, which "
+                    f"--precision {self.precision} weights cannot apply; lower it or use an -amp or bf16 precision"
+                )
 
 
 @dataclass
