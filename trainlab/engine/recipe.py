@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
-from trainlab.config import check_ranges, option
+from trainlab.config import FLOAT32_MAX, check_ranges, option
 from trainlab.engine.schedule import ScheduleConfig
 
 Batch = dict[str, torch.Tensor]
@@ -134,25 +134,42 @@ class TrainConfig:
         check_wandb_login(self.wandb)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
-        if self.precision in ("fp16", "fp16-scale"):
-            self._check_fp16_optimizer_settings()
+        self._check_optimizer_numbers()
 
-    def _check_fp16_optimizer_settings(self) -> None:
-        """With fp16 weights the optimizer applies the learning rate and the weight decay as fp16 numbers: one above
-        fp16's largest (65504) cannot be applied at all (it failed at the first step). A `base_` learning rate is per
-        256 images, as every recipe scales it (x batch_size / 256)."""
+    def _check_optimizer_numbers(self) -> None:
+        """The optimizer applies the learning rate (at its largest: peak x the schedule's largest ratio; a `base_`
+        rate is per 256 images, x batch_size / 256 as every recipe scales it) and the weight decay as numbers of the
+        weights' dtype: above float32's largest (fp16's, 65504, with fp16 weights) they cannot be applied at all and
+        the first step failed with an overflow traceback."""
         from trainlab.errors import UsageError
 
+        fp16 = self.precision in ("fp16", "fp16-scale")
+        limit, kind = (FP16_MAX, "fp16") if fp16 else (FLOAT32_MAX, "float32")
+        ratio = max(1.0, self.schedule.warmup_start_ratio, self.schedule.final_ratio)
         for f in dataclasses.fields(self):
-            if not f.name.endswith(("learning_rate", "weight_decay")):
-                continue
             value = getattr(self, f.name)
-            applied = value * self.batch_size / 256 if f.name.startswith("base_") else value
-            if isinstance(value, (int, float)) and applied > FP16_MAX:
-                scaled = f" (x batch {self.batch_size} / 256 = {applied:g})" if applied != value else ""
+            if not isinstance(value, (int, float)):
+                continue
+            steps: list[tuple[str, float]] = []  # how the setting grows into the number applied
+            if f.name.endswith("learning_rate"):
+                if f.name.startswith("base_"):
+                    steps.append((f"x batch {self.batch_size} / 256", self.batch_size / 256))
+                if ratio > 1:
+                    steps.append((f"x the schedule's largest ratio {ratio:g}", ratio))
+            elif f.name.endswith("weight_decay"):
+                if self.schedule.weight_decay_end > value:
+                    steps.append((f"rising to --schedule.weight-decay-end {self.schedule.weight_decay_end:g}", 0.0))
+            else:
+                continue
+            applied = float(value)
+            for _, factor in steps:
+                applied = applied * factor if factor else self.schedule.weight_decay_end
+            if applied > limit:
+                how = "".join(f" {text}" for text, _ in steps) + (f" = {applied:g}" if steps else "")
+                fix = "; lower it or use an -amp or bf16 precision" if fp16 else "; lower it"
                 raise UsageError(
-                    f"--{f.name.replace('_', '-')} {value:g}{scaled} exceeds fp16's largest number {FP16_MAX:g}, which "
-                    f"--precision {self.precision} weights cannot apply; lower it or use an -amp or bf16 precision"
+                    f"--{f.name.replace('_', '-')} {value:g}{how} exceeds the largest {kind} number {limit:g}, which "
+                    f"the optimizer cannot apply to {'--precision ' + self.precision if fp16 else 'the'} weights{fix}"
                 )
 
 
