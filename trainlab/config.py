@@ -41,6 +41,8 @@ T = TypeVar("T")
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: every float setting ends up in float32 arithmetic somewhere."""
+FLOAT32_TINY = 1.1754943508222875e-38
+"""The smallest normal float32: a non-zero setting below it would become 0 (or lose its precision) in float32."""
 INT64_LIMIT = 2**63
 """Every int setting must lie in [-2**63, 2**63) (torch's int64; seeds stay below it so seed + i fits torch's
 generators, which take seeds below 2**64)."""
@@ -366,7 +368,8 @@ def range_error(value: Any, tp: Any, bounds: Range | None) -> str | None:
     """Why `value` is not a valid value of a field of type `tp` with range `bounds` (None when it is), as the end of
     a sentence that starts with the field's name: `must be in [0, 1), got 1.5`.
 
-    A float must be finite (unless `bounds.allow_inf`) and fit a float32; an int must fit a signed 64-bit integer;
+    A float must be finite (unless `bounds.allow_inf`) and fit a float32 (neither overflow nor turn into 0 or a
+    denormal); an int must fit a signed 64-bit integer;
     either must lie within `bounds` or be one of its sentinels. A list is checked item by item.
     """
     kind = _numeric_type(tp)
@@ -385,9 +388,9 @@ def range_error(value: Any, tp: Any, bounds: Range | None) -> str | None:
         if math.isnan(value) or (math.isinf(value) and not allow_inf):
             exact = bounds.core() if bounds is not None and words == "positive" else words  # `> 0`, not `positive`
             return f"must be a {'' if allow_inf else 'finite '}number{' ' + exact if exact else ''}, got {shown}"
-        if math.isfinite(value) and abs(value) > FLOAT32_MAX:
+        if math.isfinite(value) and (abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY):
             limit = f"{words} and " if words else ""
-            return f"must be {limit}within float32's range (magnitude <= 3.4e38), got {shown}"
+            return f"must be {limit}within float32's range (0 or magnitude in [1.2e-38, 3.4e38]), got {shown}"
     if bounds is not None and not bounds.admits(value):
         return f"must be {words}, got {shown}"
     if kind is int and not -INT64_LIMIT <= value < INT64_LIMIT:

@@ -46,7 +46,9 @@ class KnnConfig:
     data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: root")
     image_size: int = option(16, "input side (the pretraining size)", ge=1)
     k: int = option(200, "neighbours", ge=1)
-    temperature: float = option(0.1, "temperature of the exp(similarity / T) vote", gt=0)
+    temperature: float = option(
+        0.1, "temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
+    )
     subset: int = option(0, "N > 0: first N images of each split (0: all)", ge=0)
     seed: int = option(0, "seed of the random init and of the digits split", ge=0, lt=2**63)
     device: str = option("cpu", "cpu or cuda")

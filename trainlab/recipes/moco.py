@@ -72,7 +72,9 @@ class MocoConfig(TrainConfig):
         ScheduleConfig(kind="cosine", warmup_fraction=0.1), "per-iteration warm-up (fraction of steps) then cosine"
     )
     knn_k: int = option(200, "kNN monitor: neighbours", ge=1)
-    knn_temperature: float = option(0.1, "kNN monitor: temperature of the exp(similarity / T) vote", gt=0)
+    knn_temperature: float = option(
+        0.1, "kNN monitor: temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
+    )
     eval_subset: int = option(
         0, "N > 0: kNN bank and queries use the first N images of each split (debug; 0: all)", ge=0
     )
