@@ -282,7 +282,7 @@ def test_cli_bad_input_is_one_line_and_exit_code_2(files: dict[str, Path], capsy
             "all black after resizing and cropping: nothing to edit",
         ),
         ([*base, *mask, "--class", "1000", "--out", out], "--class 1000 is out of range: use 0..999"),
-        ([*base, *mask, "--class", "-1", "--out", out], "--class -1 is out of range"),
+        ([*base, *mask, "--class", "-1", "--out", out], "--label/--class must be >= 0, got -1"),
         ([*base, *mask, "--mode", "edit", "--out", out], "--mode edit regenerates the masked region as a class"),
         ([*base, "--out", out], "nothing marks the region to regenerate"),
         ([*base, *mask, "--box", "0", "0", "4", "4", "--out", out], "either --mask or --box"),
@@ -299,7 +299,7 @@ def test_cli_bad_input_is_one_line_and_exit_code_2(files: dict[str, Path], capsy
             ["edit", "--vae", str(_other_vae(files, patch_nums=(1, 2, 4))), *var, *image, *mask, "--out", out],
             "was built for 3 scales but --var",
         ),
-        ([*base, *mask, "--top-p", "0", "--out", out], "top_p"),
+        ([*base, *mask, "--top-p", "0", "--out", out], "--top-p must be in (0, 1], got 0"),
     ]
     capsys.readouterr()
     for argv, expected in cases:

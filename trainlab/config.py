@@ -10,6 +10,13 @@ files are `UsageError`s (one line, exit code 2). `--print-config` prints the res
 `--config`) and exits 0 without running anything. A command may let a top-level field also take the word `auto`
 (`parse(..., auto={"grad_accumulation": Auto(help, resolve)})`): the field keeps its type, `resolve(config)` turns
 `auto` into a value before `validate()` and `--print-config`, so the resolved value is what runs and is recorded.
+
+Numbers carry their range next to the field: `option(0.0, "dropout", ge=0, lt=1)`, `option(-1, "...", ge=1,
+sentinels=(-1,))` (a value outside the range with a documented meaning). Every `float` must be finite (unless the
+field says `allow_inf=True`) and fit a float32; every `int` a signed 64-bit integer. `from_dict`, the one path YAML
+and flags go through, refuses anything else with a one-line UsageError naming the flag, the range and the value
+(`--dropout must be in [0, 1), got 1.5`) before `validate()` runs, and `--help` shows the range after the default.
+`validate()` is left with the rules that tie several fields together.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +39,82 @@ from trainlab.errors import UsageError
 
 T = TypeVar("T")
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: every float setting ends up in float32 arithmetic somewhere."""
+FLOAT32_TINY = 1.1754943508222875e-38
+"""The smallest normal float32: a non-zero setting below it would become 0 (or lose its precision) in float32."""
+INT64_LIMIT = 2**63
+"""Every int setting must lie in [-2**63, 2**63) (torch's int64; seeds stay below it so seed + i fits torch's
+generators, which take seeds below 2**64)."""
+
+
+def _number(x: float) -> str:
+    """A bound or value as a person writes it: 1 not 1.0, 2**63 not 9223372036854775808, 1e-08, nan, inf."""
+    if isinstance(x, int):
+        if abs(x) >= 2**32 and abs(x) & (abs(x) - 1) == 0:
+            return f"{'-' if x < 0 else ''}2**{abs(x).bit_length() - 1}"
+        return str(x)
+    value = float(x)
+    if math.isfinite(value) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field (or each item of a list field) admits, declared with `option(..., ge=...)`.
+
+    Attributes:
+        ge / gt / le / lt: inclusive / exclusive lower and upper bounds (None: unbounded on that side).
+        sentinels: values admitted outside the bounds because they carry a documented meaning (`-1`: all).
+        allow_inf: a float field may also be infinite (e.g. a clamp that inf switches off); NaN never is.
+    """
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    sentinels: tuple[float, ...] = ()
+    allow_inf: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.ge is not None and self.gt is not None) or (self.le is not None and self.lt is not None):
+            raise TypeError("give one lower bound (ge or gt) and one upper bound (le or lt)")
+
+    def admits(self, x: float) -> bool:
+        """Whether `x` is a sentinel or lies within the bounds (NaN never does)."""
+        if x in self.sentinels:
+            return True
+        return (
+            (self.ge is None or x >= self.ge)
+            and (self.gt is None or x > self.gt)
+            and (self.le is None or x <= self.le)
+            and (self.lt is None or x < self.lt)
+        )
+
+    def core(self) -> str:
+        """`[0, 1)`, `> 0`, `>= 1 or -1`: the range as `--help` shows it."""
+        low = self.ge if self.ge is not None else self.gt
+        high = self.le if self.le is not None else self.lt
+        if low is not None and high is not None:
+            opening, closing = "[" if self.ge is not None else "(", "]" if self.le is not None else ")"
+            text = f"{opening}{_number(low)}, {_number(high)}{closing}"
+        else:
+            pairs = ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+            text = " and ".join(f"{op} {_number(v)}" for op, v in pairs if v is not None) or "any number"
+        if self.sentinels:
+            text += "".join(f" or {_number(v)}" for v in self.sentinels)
+        if self.allow_inf:
+            text += " (inf allowed)"
+        return text
+
+    def words(self) -> str:
+        """The range in an error message: `positive`, `>= 0`, `in [0, 1)`, `>= 1 or -1`."""
+        if self.gt == 0 and self.ge is None and self.le is None and self.lt is None and not self.sentinels:
+            return "positive"
+        bounded_both = (self.ge is not None or self.gt is not None) and (self.le is not None or self.lt is not None)
+        return f"in {self.core()}" if bounded_both else self.core()
+
 
 def option(
     default: Any = dataclasses.MISSING,
@@ -38,6 +123,12 @@ def option(
     positional: bool = False,
     metavar: str | None = None,
     aliases: Sequence[str] = (),
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    sentinels: Sequence[float] = (),
+    allow_inf: bool = False,
     **kwargs: Any,
 ) -> Any:
     """A dataclass field with a help string (shown by `--help`). Mutable defaults are copied per instance.
@@ -48,9 +139,28 @@ def option(
         positional: a positional command-line argument instead of a `--flag` (top-level fields only).
         metavar: the placeholder `--help` shows for the value (`PATH`, `N`, ...).
         aliases: extra flag spellings, e.g. `("--cfg",)` for a field named `guidance`.
+        ge, gt, le, lt: bounds of a numeric field (of each item of a list field): >=, >, <=, <.
+        sentinels: values admitted outside the bounds, each with a meaning the help string gives (`-1: all`).
+        allow_inf: a float field may be infinite (floats are finite otherwise).
         **kwargs: passed on to `dataclasses.field`.
+
+    Raises:
+        TypeError: contradictory bounds, or a default outside the declared range (a programming error).
     """
-    metadata = {"help": help, "positional": positional, "metavar": metavar, "aliases": tuple(aliases)}
+    bounds = None
+    if any(b is not None for b in (ge, gt, le, lt)) or sentinels or allow_inf:
+        bounds = Range(ge=ge, gt=gt, le=le, lt=lt, sentinels=tuple(sentinels), allow_inf=allow_inf)
+        defaults = default if isinstance(default, (list, tuple)) else [default]
+        for value in defaults:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not bounds.admits(value):
+                raise TypeError(f"default {value!r} is outside the declared range {bounds.core()}")
+    metadata = {
+        "help": help,
+        "positional": positional,
+        "metavar": metavar,
+        "aliases": tuple(aliases),
+        "range": bounds,
+    }
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
     if dataclasses.is_dataclass(default) and not isinstance(default, type):
@@ -98,8 +208,31 @@ def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 4
+_SHORT.maxlevel = 2
+
+
+def _shown(value: Any) -> str:
+    """A value in an error message: its repr, shortened (a deep or huge YAML value stays one short line)."""
+    return _SHORT.repr(value)
+
+
+def _key(key: Any) -> str:
+    """A mapping key in an error message: as written when it is short text, else shortened."""
+    return key if isinstance(key, str) and len(key) <= 60 else _shown(key)
+
+
+_SCALARS = (str, int, float)  # what YAML or a flag may give for one number or one piece of text
+
+
 def _convert(value: Any, tp: Any, where: str) -> Any:
-    """Convert a YAML value or CLI string to `tp`, raising a one-line UsageError on mismatch."""
+    """Convert a YAML value or CLI string to `tp`, raising a one-line UsageError on mismatch.
+
+    Only a scalar is accepted where the field holds one: a mapping, a list, `!!binary` bytes, a date or a bool where
+    a number, a path or text is expected is refused, not turned into its repr.
+    """
     tp, optional = _strip_optional(tp)
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
         if optional:
@@ -109,27 +242,37 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     try:
         if origin is Literal:
             choices = get_args(tp)
-            if value in choices:
-                return value
-            same_text = [c for c in choices if str(c) == str(value)]  # a CLI string for a non-string literal
-            if same_text:
-                return same_text[0]
-            raise UsageError(f"{where}: {value!r} is not one of: {', '.join(map(str, choices))}")
+            if isinstance(value, _SCALARS):
+                if value in choices:
+                    return value
+                same_text = [c for c in choices if str(c) == str(value)]  # a CLI string for a non-string literal
+                if same_text:
+                    return same_text[0]
+            raise UsageError(f"{where}: {_shown(value)} is not one of: {', '.join(map(str, choices))}")
         if origin in (tuple, list):
-            items = value if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
+            if isinstance(value, (list, tuple)):
+                items = list(value)
+            elif isinstance(value, str):
+                items = value.replace(",", " ").split()
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                items = [value]  # YAML `patch_nums: 4`: a one-item list
+            else:
+                raise TypeError
             converted = [_convert(v, _item_type(tp), where) for v in items]
             return tuple(converted) if origin is tuple else converted
         if tp is bool:
             if isinstance(value, bool):
                 return value
-            text = str(value).lower()
+            text = str(value).lower() if isinstance(value, (str, int)) else ""
             if text in ("1", "true", "yes", "on"):
                 return True
             if text in ("0", "false", "no", "off"):
                 return False
-            raise UsageError(f"{where}: expected true/false, got {value!r}")
-        if tp in (int, float, str, Path) and isinstance(value, (bool, dict, list, tuple)):
-            raise TypeError  # YAML `true`, a mapping or a list where one number / text is expected
+            raise UsageError(f"{where}: expected true/false, got {_shown(value)}")
+        if tp in (int, float, str, Path):
+            accepted = (*_SCALARS, Path) if tp in (str, Path) else _SCALARS
+            if isinstance(value, bool) or not isinstance(value, accepted):
+                raise TypeError  # YAML `true`, a mapping, a list, bytes or a date where one number / text is expected
         if tp is int:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
@@ -140,9 +283,9 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             return str(value)
         if tp is Path:
             return Path(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         name = getattr(tp, "__name__", str(tp))
-        raise UsageError(f"{where}: expected {name}, got {value!r}") from None
+        raise UsageError(f"{where}: expected {name}, got {_shown(value)}") from None
     return value
 
 
@@ -168,7 +311,7 @@ def _missing(cls: type, data: dict[str, Any], prefix: str = "") -> list[tuple[st
 
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
-    """Build a dataclass from a (possibly partial, possibly nested) dict, validating every key.
+    """Build a dataclass from a (possibly partial, possibly nested) dict, validating every key and value.
 
     Args:
         cls: the config dataclass.
@@ -176,14 +319,23 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
         where: how error messages name the source (`config`, a file name, ...).
 
     Raises:
-        UsageError: unknown key, missing required key, wrong type or a value the config's `validate()` refuses.
+        UsageError: unknown key, missing required key, wrong type, a number outside its field's range (see
+            `check_ranges`) or a value the config's `validate()` refuses.
     """
+    obj = _build(cls, data, where)
+    check_ranges(obj, where)
+    _validate_tree(obj)
+    return obj
+
+
+def _build(cls: type[T], data: dict[str, Any], where: str) -> T:
+    """`from_dict` without the range and `validate()` checks: keys and types only."""
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected a mapping, got {type(data).__name__}")
     known = {name: (tp, f) for name, tp, f in _fields(cls)}
     unknown = sorted(set(data) - set(known), key=str)
     if unknown:
-        named = ", ".join(f"{key}{_did_you_mean(str(key), list(known))}" for key in unknown)
+        named = ", ".join(f"{_key(key)}{_did_you_mean(str(key), list(known))}" for key in unknown)
         raise UsageError(f"{where}: unknown key(s) {named}; valid keys: {', '.join(known)}")
     required = [name for name, (_, f) in known.items() if _is_required(f) and name not in data]
     if required:
@@ -192,12 +344,85 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     for name, value in data.items():
         tp, _ = known[name]
         if dataclasses.is_dataclass(tp):
-            kwargs[name] = from_dict(tp, value, f"{where}.{name}")  # type: ignore[arg-type]
+            kwargs[name] = _build(tp, value, f"{where}.{name}")  # type: ignore[arg-type]
         else:
             kwargs[name] = _convert(value, tp, f"{where}.{name}")
-    obj = cls(**kwargs)
-    _validate(obj)
-    return obj
+    return cls(**kwargs)
+
+
+def _numeric_type(tp: Any) -> type | None:
+    """int or float for a numeric field (optional, or a list of numbers), else None."""
+    base, _ = _strip_optional(tp)
+    if _is_list(base):
+        base, _ = _strip_optional(_item_type(base))
+    return base if base in (int, float) else None
+
+
+def field_range(f: dataclasses.Field[Any]) -> Range | None:
+    """The range a field declared with `option(..., ge=..., ...)`, or None."""
+    bounds = f.metadata.get("range")
+    return bounds if isinstance(bounds, Range) else None
+
+
+def range_error(value: Any, tp: Any, bounds: Range | None) -> str | None:
+    """Why `value` is not a valid value of a field of type `tp` with range `bounds` (None when it is), as the end of
+    a sentence that starts with the field's name: `must be in [0, 1), got 1.5`.
+
+    A float must be finite (unless `bounds.allow_inf`) and fit a float32 (neither overflow nor turn into 0 or a
+    denormal); an int must fit a signed 64-bit integer;
+    either must lie within `bounds` or be one of its sentinels. A list is checked item by item.
+    """
+    kind = _numeric_type(tp)
+    if kind is None or value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            problem = range_error(item, kind, bounds)
+            if problem is not None:
+                return f"(each value) {problem}"
+        return None
+    words = bounds.words() if bounds is not None else ""
+    shown = str(value) if isinstance(value, int) else _number(value) if isinstance(value, float) else _shown(value)
+    if kind is float:
+        allow_inf = bounds is not None and bounds.allow_inf
+        if math.isnan(value) or (math.isinf(value) and not allow_inf):
+            exact = bounds.core() if bounds is not None and words == "positive" else words  # `> 0`, not `positive`
+            return f"must be a {'' if allow_inf else 'finite '}number{' ' + exact if exact else ''}, got {shown}"
+        if math.isfinite(value) and (abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY):
+            limit = f"{words} and " if words else ""
+            return f"must be {limit}within float32's range (0 or magnitude in [1.2e-38, 3.4e38]), got {shown}"
+    if bounds is not None and not bounds.admits(value):
+        return f"must be {words}, got {shown}"
+    if kind is int and not -INT64_LIMIT <= value < INT64_LIMIT:
+        return f"must be {words + ' and ' if words else ''}fit a 64-bit integer ([-2**63, 2**63)), got {shown}"
+    return None
+
+
+def check_ranges(obj: Any, where: str = "config", prefix: str = "") -> None:
+    """Check every numeric field of a config (nested configs included) against its declared range.
+
+    Args:
+        obj: a config dataclass instance.
+        where: the source of the values; `config` (the command line and `--config`) names only the flag, anything
+            else (a file name) is put in front of the message.
+        prefix: the dotted name of `obj` inside the top-level config ('' at the top).
+
+    Raises:
+        UsageError: one line naming the flag as the user spells it, the allowed range and the value, e.g.
+            `--dropout must be in [0, 1), got 1.5`.
+    """
+    for name, tp, f in _fields(type(obj)):
+        value = getattr(obj, name)
+        if dataclasses.is_dataclass(tp):
+            check_ranges(value, where, f"{prefix}{name}.")
+            continue
+        bounds = field_range(f)
+        if bounds is not None and _numeric_type(tp) is None:
+            raise TypeError(f"{type(obj).__name__}.{name}: a range is declared on a field that holds no number")
+        problem = range_error(value, tp, bounds)
+        if problem is not None:
+            source = "" if where == "config" else f"{where}: "
+            raise UsageError(f"{source}{_command_line_name(prefix + name, f)} {problem}")
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
@@ -215,7 +440,11 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return clean(dataclasses.asdict(obj))
 
 
-def _validate(obj: Any) -> None:
+def _validate_tree(obj: Any) -> None:
+    """Run `validate()` (cross-field rules) of every nested config, then of `obj` itself."""
+    for name, tp, _ in _fields(type(obj)):
+        if dataclasses.is_dataclass(tp):
+            _validate_tree(getattr(obj, name))
     check = getattr(obj, "validate", None)
     if callable(check):
         check()
@@ -251,6 +480,9 @@ def _add_arguments(
         metavar = f.metadata.get("metavar")
         if not prefix and auto and name in auto:
             help_text += f"; auto: {auto[name].help}"
+        bounds = field_range(f)
+        if bounds is not None:
+            help_text += f"; range: {bounds.core()}"
         if f.metadata.get("positional"):
             if prefix:
                 raise TypeError(f"{dotted}: only top-level fields can be positional")
@@ -324,6 +556,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as err:
         first = str(err).splitlines()[0] if str(err) else "syntax error"
         raise UsageError(f"config file {path} is not valid YAML ({first}); fix the file") from None
+    except RecursionError:
+        raise UsageError(
+            f"config file {path} is nested too deeply to be a config (a config is a mapping of field: value, with "
+            "one level per nested section); fix the file"
+        ) from None
     if not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of field: value")
     return data
@@ -428,7 +665,8 @@ def parse(
         hints = typing.get_type_hints(cls)
         resolved = {name: _convert(auto[name].resolve(config), hints[name], f"auto {name}") for name in wants_auto}
         config = dataclasses.replace(config, **resolved)  # type: ignore[type-var]
-        _validate(config)
+        check_ranges(config)
+        _validate_tree(config)
     if print_config:
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         raise SystemExit(0)

@@ -29,26 +29,24 @@ class PrecisionBenchConfig:
     """Run the CIFAR-10 recipe under every precision mode, then tabulate and plot."""
 
     model: str = option("resnet18", "model name (see `trainlab train cifar --help`)")
-    epochs: int = option(30, "epochs per run")
-    seeds: int = option(1, "seeds per precision mode (mean ± std across them)")
+    epochs: int = option(30, "epochs per run", ge=1)
+    seeds: int = option(1, "seeds per precision mode (mean ± std across them)", ge=1)
     modes: list[PrecisionName] = option(list(LAB_PRECISIONS), "precision modes to run")
     out_dir: Path = option(Path("runs/bench-precision"), "where the runs, table and plots go")
     device: str = option("auto", "cpu, cuda, cuda:N or auto")
-    batch_size: int = option(128, "global batch size")
-    learning_rate: float = option(0.1, "peak learning rate")
+    batch_size: int = option(128, "global batch size", gt=0)
+    learning_rate: float = option(0.1, "peak learning rate", gt=0)
     data_root: Path = option(Path("data/cifar10"), "folder holding cifar-10-batches-py/")
-    fake_data: int = option(0, "N > 0: use a synthetic CIFAR-format set of N images (quick checks)")
-    max_steps: int = option(-1, "stop each run after this many optimizer steps (-1: all epochs)")
-    log_every: int = option(10, "training-metric logging interval (steps)")
-    num_workers: int = option(2, "DataLoader workers per run")
+    fake_data: int = option(0, "N > 0: use a synthetic CIFAR-format set of N images (quick checks)", ge=0)
+    max_steps: int = option(-1, "stop each run after this many optimizer steps (-1: all epochs)", ge=1, sentinels=(-1,))
+    log_every: int = option(10, "training-metric logging interval (steps)", ge=1)
+    num_workers: int = option(2, "DataLoader workers per run", ge=0)
 
     def validate(self) -> None:
         from trainlab.models.registry import list_models
 
         if self.model not in list_models():  # a registry, not a Literal: models register themselves
             raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
-        if self.seeds <= 0 or self.epochs <= 0:
-            raise UsageError("--seeds and --epochs must be positive")
 
 
 def runnable_modes(modes: Sequence[str], device_name: str) -> list[str]:

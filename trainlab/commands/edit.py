@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from trainlab.commands.sample import MAX_GUIDANCE
 from trainlab.config import option, parse
 from trainlab.errors import UsageError
 
@@ -49,36 +50,35 @@ class EditConfig:
     var_weights: Path = option(help="VAR weights, e.g. var_d16.pth", metavar="PATH", aliases=("--var",))
     image: Path = option(help="the image to edit (any size; resized and center-cropped)", metavar="PNG")
     mask: Path | None = option(None, "mask image: white = regenerate", metavar="PNG")
-    box: list[int] | None = option(None, "rectangle to regenerate: x0 y0 x1 y1 in input pixels", metavar="PX")
+    box: list[int] | None = option(None, "rectangle to regenerate: x0 y0 x1 y1 in input pixels", metavar="PX", ge=0)
     label: int | None = option(
-        None, "class id conditioning the new content (none: unconditional)", aliases=("--class",)
+        None, "class id conditioning the new content (none: unconditional)", aliases=("--class",), ge=0
     )
     mode: Mode = option("inpaint", "inpaint / outpaint: unconditional unless --class; edit: needs --class")
-    pad: int = option(0, "outpaint only: pixels of new border around the (shrunk) image", metavar="P")
-    seed: int = option(0, "result i uses seed + i")
-    guidance: float = option(1.5, "classifier-free guidance scale >= 0", metavar="SCALE", aliases=("--cfg",))
-    top_k: int = option(900, "keep the K most likely tokens, 0 = all", metavar="K")
-    top_p: float = option(0.96, "nucleus mass in (0, 1], 1 = off", metavar="P")
+    pad: int = option(0, "outpaint only: pixels of new border around the (shrunk) image", metavar="P", ge=0)
+    seed: int = option(0, "result i uses seed + i", ge=0, lt=2**63)
+    guidance: float = option(
+        1.5, "classifier-free guidance scale", metavar="SCALE", aliases=("--cfg",), ge=0, le=MAX_GUIDANCE
+    )
+    top_k: int = option(900, "keep the K most likely tokens, 0 = all", metavar="K", ge=0)
+    top_p: float = option(0.96, "nucleus mass, 1 = off", metavar="P", gt=0, le=1)
     more_smooth: bool = option(False, "Gumbel-softmax code mixing inside the mask (kept tokens stay hard)")
-    num_results: int = option(4, "results in the grid", metavar="N", aliases=("--n",))
+    num_results: int = option(4, "results in the grid", metavar="N", aliases=("--n",), ge=1)
     out: Path = option(help="the grid: original, mask overlay, results", metavar="PNG")
     save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
     device: str = option("auto", "torch device: cpu, cuda, cuda:N or auto (cuda if available, else cpu)")
 
     def validate(self) -> None:
         from trainlab.commands.sample import _check_writable
-        from trainlab.models.var.sample import check_sampling_options
 
         if self.out.suffix.lower() != ".png":
             raise UsageError(f"--out must be a .png file, got {self.out}")
-        if self.num_results < 1:
-            raise UsageError(f"--n must be >= 1, got {self.num_results}")
         if self.mask is not None and self.box is not None:
             raise UsageError("pass either --mask or --box, not both")
         if self.box is not None and len(self.box) != 4:
             raise UsageError(f"--box takes 4 numbers x0 y0 x1 y1, got {len(self.box)}")
-        if self.pad < 0:
-            raise UsageError(f"--pad must be >= 0, got {self.pad}")
+        if self.box is not None and not (self.box[0] < self.box[2] and self.box[1] < self.box[3]):
+            raise UsageError(f"--box {' '.join(map(str, self.box))} is empty: it needs x0 < x1 and y0 < y1")
         if self.pad and self.mode != "outpaint":
             raise UsageError("--pad extends the canvas: use it with --mode outpaint")
         if self.pad and (self.mask is not None or self.box is not None):
@@ -94,7 +94,6 @@ class EditConfig:
         _check_writable("--out", self.out, is_dir=False)
         if self.save_tokens is not None:
             _check_writable("--save-tokens", self.save_tokens, is_dir=False)
-        check_sampling_options(self.guidance, self.top_k, self.top_p)
 
 
 # ------------------------------------------------------------------------------------------------ inputs

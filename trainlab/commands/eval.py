@@ -32,7 +32,7 @@ import torch
 from trainlab.config import option, parse
 from trainlab.errors import UsageError
 from trainlab.models.moco import MocoArch
-from trainlab.recipes.moco import SslData
+from trainlab.recipes.moco import SslData, check_image_size, check_knn_k
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -44,13 +44,20 @@ class KnnConfig:
     arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
     data: SslData = option("digits", "digits, cifar10 or image-folder (data_root/train, data_root/val)")
     data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: root")
-    image_size: int = option(16, "input side (the pretraining size)")
-    k: int = option(200, "neighbours")
-    temperature: float = option(0.1, "temperature of the exp(similarity / T) vote")
-    subset: int = option(0, "N > 0: first N images of each split")
-    seed: int = option(0, "seed of the random init and of the digits split")
+    image_size: int = option(16, "input side (the pretraining size)", ge=1)
+    k: int = option(200, "neighbours", ge=1)
+    temperature: float = option(
+        0.1, "temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
+    )
+    subset: int = option(0, "N > 0: first N images of each split (0: all)", ge=0)
+    seed: int = option(0, "seed of the random init and of the digits split", ge=0, lt=2**63)
     device: str = option("cpu", "cpu or cuda")
-    batch_size: int = option(256, "feature-extraction batch size")
+    batch_size: int = option(256, "feature-extraction batch size", ge=1)
+
+    def validate(self) -> None:
+        random_backbone = self.features == "backbone" and not self.checkpoint
+        check_image_size(self.data, self.image_size, self.arch if random_backbone else None)
+        check_knn_k(self.k, "--k", self.data, self.subset, "--subset")
 
 
 def _knn(argv: list[str]) -> int:
@@ -124,14 +131,12 @@ class FidConfig:
         "2048", "Inception features of FID and precision/recall: 2048 = standard FID; fewer for small sets"
     )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda if available, else cpu")
-    batch_size: int = option(64, "images per Inception forward pass", metavar="B")
+    batch_size: int = option(64, "images per Inception forward pass", metavar="B", ge=1)
     decode_workers: bool = option(True, "decode images in torch-fidelity's DataLoader workers (false: in-process)")
-    isc_splits: int = option(10, "Inception Score splits (OpenAI's evaluator: 10 for 50,000 samples)", metavar="N")
-    prc_neighborhood: int = option(3, "k of precision/recall's k-NN manifolds", metavar="K")
-
-    def validate(self) -> None:
-        if self.batch_size < 1 or self.isc_splits < 1 or self.prc_neighborhood < 1:
-            raise UsageError("--batch-size, --isc-splits and --prc-neighborhood must be >= 1")
+    isc_splits: int = option(
+        10, "Inception Score splits (OpenAI's evaluator: 10 for 50,000 samples)", metavar="N", ge=1
+    )
+    prc_neighborhood: int = option(3, "k of precision/recall's k-NN manifolds", metavar="K", ge=1)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from trainlab.config import from_dict, load_yaml, option, to_dict
+from trainlab.config import check_ranges, from_dict, load_yaml, option, to_dict
 from trainlab.configs import config_path
 from trainlab.data.digits import NUM_CLASSES, load_digits_dataset, split_halves
 from trainlab.demo import figures as demo_figures
@@ -44,7 +44,6 @@ from trainlab.demo.judge import (
     train_judge,
 )
 from trainlab.engine.loop import Trainer
-from trainlab.errors import UsageError
 from trainlab.evaluate.fid import fid_from_features
 from trainlab.evaluate.psnr import psnr
 from trainlab.models.var.sample import sample_images
@@ -75,20 +74,20 @@ class DemoConfig:
 
     run_dir: Path = option(Path("runs/demo"), "output directory (stages in tokenizer/, var/; figures, report.json)")
     quick: bool = option(False, "a 1-2 minute smoke run of the whole pipeline (what the test suite runs)")
-    seed: int = option(0, "one seed for the judge, both training stages and sampling")
+    seed: int = option(0, "one seed for the judge, both training stages and sampling", ge=0, lt=2**63)
     device: str = option("cpu", "cpu, cuda, cuda:N or auto")
-    threads: int = option(0, "torch CPU threads (0: torch's default, one per core)")
-    guidance: float = option(1.5, "classifier-free guidance scale of the samples (trainlab sample --cfg)")
-    samples_per_class: int = option(50, "samples per class for the accuracy and FID (the grid shows 10 per class)")
+    threads: int = option(0, "torch CPU threads (0: torch's default, one per core)", ge=0)
+    guidance: float = option(
+        1.5, "classifier-free guidance scale of the samples (trainlab sample --cfg)", ge=0, le=1000
+    )
+    samples_per_class: int = option(
+        50, "samples per class for the accuracy and FID (the grid shows 10 per class)", ge=1
+    )
     progress: bool = option(True, "show progress bars (only on a TTY)")
 
     def validate(self) -> None:
-        if self.samples_per_class < 1:
-            raise UsageError(f"--samples-per-class must be >= 1, got {self.samples_per_class}")
-        if self.guidance < 0:
-            raise UsageError(f"--guidance must be >= 0, got {self.guidance}")
-        if self.threads < 0:
-            raise UsageError(f"--threads must be >= 0 (0: torch's default), got {self.threads}")
+        """Each number against its declared range (again, for a config built in Python rather than parsed)."""
+        check_ranges(self)
 
 
 class DemoInterrupted(Exception):

@@ -26,7 +26,6 @@ optimizer and in no checkpoint, and never cast by the precision mode (the recipe
 from __future__ import annotations
 
 import dataclasses
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,12 +37,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
-from trainlab.config import option
+from trainlab.config import FLOAT32_MAX, check_ranges, option
 from trainlab.engine.precision import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
 
 Batch = dict[str, torch.Tensor]
 """The one batch format: named tensors, e.g. {"image": img_B3HW, "label": label_B} or {"tokens": ..., "label": ...}."""
+
+FP16_MAX = 65504.0
+"""The largest finite float16."""
 
 
 @dataclass(frozen=True)
@@ -74,31 +76,33 @@ class TrainConfig:
     """Engine settings shared by every recipe (recipes subclass this and add their own fields)."""
 
     run_dir: Path = option(Path("runs/default"), "output directory (config, metrics.jsonl, tb/, ckpt/, plots/)")
-    seed: int = option(0, "one seed for init, data order and augmentation")
+    seed: int = option(0, "one seed for init, data order and augmentation", ge=0, lt=2**63)
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda when available, else cpu; logged)")
     precision: PrecisionName = option(
         "fp32",
         "fp16/bf16: pure 16-bit weights; -amp: fp32 weights + autocast; -scale: loss scaling; fp64: float64 reference",
     )
     keep_batchnorm_fp32: bool = option(True, "in pure fp16/bf16 modes keep BatchNorm weights and statistics in fp32")
-    static_loss_scale: float = option(1024.0, "loss scale of the static policy (fp16-scale)")
-    epochs: int = option(1, "number of epochs")
-    max_steps: int = option(-1, "stop after this many optimizer steps (-1: run all epochs)")
-    batch_size: int = option(128, "global batch per optimizer step (all processes x accumulation steps)")
-    grad_accumulation: int = option(1, "micro-steps per optimizer step (same gradients as the large batch)")
-    clip_grad_norm: float = option(0.0, "clip the total gradient norm to this value after unscaling (0: no clip)")
+    static_loss_scale: float = option(1024.0, "loss scale of the static policy (fp16-scale)", gt=0)
+    epochs: int = option(1, "number of epochs", ge=1)
+    max_steps: int = option(-1, "stop after this many optimizer steps (-1: run all epochs)", ge=1, sentinels=(-1,))
+    batch_size: int = option(128, "global batch per optimizer step (all processes x accumulation steps)", gt=0)
+    grad_accumulation: int = option(1, "micro-steps per optimizer step (same gradients as the large batch)", ge=1)
+    clip_grad_norm: float = option(0.0, "clip the total gradient norm to this value after unscaling (0: no clip)", ge=0)
     schedule: ScheduleConfig = option(ScheduleConfig(), "learning-rate schedule")
-    num_workers: int = option(0, "DataLoader worker processes")
-    log_every: int = option(10, "log training metrics every N optimizer steps")
-    eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)")
-    checkpoint_every: int = option(0, "also save ckpt/last.pt every N optimizer steps (0: at epoch ends only)")
-    keep_checkpoints: int = option(2, "keep the last K saves (ckpt/step_*.pt): a corrupt last.pt falls back to them")
+    num_workers: int = option(0, "DataLoader worker processes", ge=0)
+    log_every: int = option(10, "log training metrics every N optimizer steps", ge=1)
+    eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)", ge=1)
+    checkpoint_every: int = option(0, "also save ckpt/last.pt every N optimizer steps (0: at epoch ends only)", ge=0)
+    keep_checkpoints: int = option(
+        2, "keep the last K saves (ckpt/step_*.pt): a corrupt last.pt falls back to them", ge=1
+    )
     resume: str = option(
         "auto", "auto: continue from run_dir's checkpoint if there is one; never: refuse to touch one; or a path"
     )
     overwrite: bool = option(False, "start over in a run_dir that holds a checkpoint (deletes its ckpt/ and logs)")
     max_skipped_steps: int = option(
-        20, "stop after this many consecutive overflow-skipped steps (dynamic loss scaling only; 0: never skip)"
+        20, "stop after this many consecutive overflow-skipped steps (dynamic loss scaling only; 0: never skip)", ge=0
     )
     tensorboard: bool = option(True, "write TensorBoard scalars to run_dir/tb")
     wandb: Literal["off", "online", "offline"] = option("off", "Weights & Biases logging mode")
@@ -118,45 +122,53 @@ class TrainConfig:
     debug: bool = option(False, "tiny data, a few steps, save, reload, more steps; check resumed losses match")
 
     def validate(self) -> None:
-        """One-line UsageErrors for values no run can use (checked before anything is built)."""
+        """One-line UsageErrors for values no run can use (checked before anything is built): every number against
+        the range declared on its field (again, for configs built in Python rather than by `from_dict`), then the
+        rules across fields and the environment."""
+        from trainlab.engine.metrics import check_wandb_login
         from trainlab.errors import UsageError
 
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise UsageError(f"--{_flag(f.name)} must be a finite number, got {value}")
-            if f.name.endswith("learning_rate") and isinstance(value, (int, float)) and value <= 0:
-                raise UsageError(f"--{_flag(f.name)} must be positive, got {value}")
-        checks = [
-            (self.batch_size > 0, f"--batch-size must be positive, got {self.batch_size}"),
-            (self.grad_accumulation > 0, f"--grad-accumulation must be >= 1, got {self.grad_accumulation}"),
-            (self.epochs > 0, f"--epochs must be positive, got {self.epochs}"),
-            (self.log_every > 0, f"--log-every must be positive, got {self.log_every}"),
-            (self.eval_every_epochs > 0, f"--eval-every-epochs must be >= 1, got {self.eval_every_epochs}"),
-            (
-                self.checkpoint_every >= 0,
-                f"--checkpoint-every must be >= 0 (0: epoch ends only), got {self.checkpoint_every}",
-            ),
-            (self.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}"),
-            (self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}"),
-            (0 <= self.seed < 2**63, f"--seed must be in [0, 2**63), got {self.seed}"),
-            (self.clip_grad_norm >= 0, f"--clip-grad-norm must be >= 0 (0: no clipping), got {self.clip_grad_norm}"),
-            (self.max_steps == -1 or self.max_steps > 0, f"--max-steps must be positive or -1, got {self.max_steps}"),
-            (self.max_skipped_steps >= 0, f"--max-skipped-steps must be >= 0, got {self.max_skipped_steps}"),
-            (self.static_loss_scale > 0, f"--static-loss-scale must be positive, got {self.static_loss_scale}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UsageError(message)
-        from trainlab.engine.metrics import check_wandb_login
-
+        check_ranges(self)
         check_wandb_login(self.wandb)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
+        self._check_optimizer_numbers()
 
+    def _check_optimizer_numbers(self) -> None:
+        """The optimizer applies the learning rate (at its largest: peak x the schedule's largest ratio; a `base_`
+        rate is per 256 images, x batch_size / 256 as every recipe scales it) and the weight decay as numbers of the
+        weights' dtype: above float32's largest (fp16's, 65504, with fp16 weights) they cannot be applied at all and
+        the first step failed with an overflow traceback."""
+        from trainlab.errors import UsageError
 
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
+        fp16 = self.precision in ("fp16", "fp16-scale")
+        limit, kind = (FP16_MAX, "fp16") if fp16 else (FLOAT32_MAX, "float32")
+        ratio = max(1.0, self.schedule.warmup_start_ratio, self.schedule.final_ratio)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)):
+                continue
+            steps: list[tuple[str, float]] = []  # how the setting grows into the number applied
+            if f.name.endswith("learning_rate"):
+                if f.name.startswith("base_"):
+                    steps.append((f"x batch {self.batch_size} / 256", self.batch_size / 256))
+                if ratio > 1:
+                    steps.append((f"x the schedule's largest ratio {ratio:g}", ratio))
+            elif f.name.endswith("weight_decay"):
+                if self.schedule.weight_decay_end > value:
+                    steps.append((f"rising to --schedule.weight-decay-end {self.schedule.weight_decay_end:g}", 0.0))
+            else:
+                continue
+            applied = float(value)
+            for _, factor in steps:
+                applied = applied * factor if factor else self.schedule.weight_decay_end
+            if applied > limit:
+                how = "".join(f" {text}" for text, _ in steps) + (f" = {applied:g}" if steps else "")
+                fix = "; lower it or use an -amp or bf16 precision" if fp16 else "; lower it"
+                raise UsageError(
+                    f"--{f.name.replace('_', '-')} {value:g}{how} exceeds the largest {kind} number {limit:g}, which "
+                    f"the optimizer cannot apply to {'--precision ' + self.precision if fp16 else 'the'} weights{fix}"
+                )
 
 
 @dataclass

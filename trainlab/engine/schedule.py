@@ -13,7 +13,6 @@ from typing import Any, Literal
 import torch
 
 from trainlab.config import option
-from trainlab.errors import UsageError
 
 ScheduleKind = Literal["constant", "cosine", "linear", "var-lin0"]
 
@@ -23,14 +22,12 @@ class ScheduleConfig:
     """Learning-rate schedule: linear warm-up, then the chosen decay; optional weight-decay ramp."""
 
     kind: ScheduleKind = option("cosine", "decay after warm-up: constant, cosine, linear, var-lin0 (VAR's official)")
-    warmup_fraction: float = option(0.0, "fraction of total optimizer steps spent warming up linearly")
-    warmup_start_ratio: float = option(0.0, "learning rate at step 0 as a fraction of the peak (VAR: 0.005)")
-    final_ratio: float = option(0.0, "learning rate at the last step as a fraction of the peak (VAR: wpe)")
-    weight_decay_end: float = option(-1.0, "weight decay at the end, cosine from the start value; <0: constant")
-
-    def validate(self) -> None:
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise UsageError(f"schedule.warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+    warmup_fraction: float = option(0.0, "fraction of total optimizer steps spent warming up linearly", ge=0, lt=1)
+    warmup_start_ratio: float = option(0.0, "learning rate at step 0 as a fraction of the peak (VAR: 0.005)", ge=0)
+    final_ratio: float = option(0.0, "learning rate at the last step as a fraction of the peak (VAR: wpe)", ge=0)
+    weight_decay_end: float = option(
+        -1.0, "weight decay at the end, cosine from the start value; -1: constant", ge=0, sentinels=(-1,)
+    )
 
 
 def lr_factor(config: ScheduleConfig, step: int, total_steps: int) -> float:

@@ -37,13 +37,15 @@ class CifarConfig(TrainConfig):
     model: str = option("resnet18", "vgg11, vgg13, vgg16, vgg19, resnet18, resnet34, resnet50, vgg_debug, resnet_debug")
     data_root: Path = option(Path("data/cifar10"), "folder holding cifar-10-batches-py/")
     download: bool = option(False, "download CIFAR-10 into data_root if it is missing (needs the network)")
-    fake_data: int = option(0, "N > 0: write and use a synthetic CIFAR-format set of N train images (tests, debug)")
-    epochs: int = option(200, "number of epochs")
-    batch_size: int = option(128, "global batch per optimizer step")
-    eval_batch_size: int = option(500, "batch size for the test-set evaluation")
-    learning_rate: float = option(0.1, "peak learning rate (SGD); scale it with the batch size")
-    momentum: float = option(0.9, "SGD momentum")
-    weight_decay: float = option(5e-4, "weight decay (all parameters, as in the reference recipe)")
+    fake_data: int = option(
+        0, "N > 0: write and use a synthetic CIFAR-format set of N train images (tests, debug)", ge=0
+    )
+    epochs: int = option(200, "number of epochs", ge=1)
+    batch_size: int = option(128, "global batch per optimizer step", gt=0)
+    eval_batch_size: int = option(500, "batch size for the test-set evaluation", ge=1)
+    learning_rate: float = option(0.1, "peak learning rate (SGD); scale it with the batch size", gt=0)
+    momentum: float = option(0.9, "SGD momentum", ge=0, lt=1)
+    weight_decay: float = option(5e-4, "weight decay (all parameters, as in the reference recipe)", ge=0)
     schedule: ScheduleConfig = option(ScheduleConfig(kind="cosine"), "learning-rate schedule (per optimizer step)")
 
     def validate(self) -> None:
@@ -52,8 +54,6 @@ class CifarConfig(TrainConfig):
 
         if self.model not in list_models():
             raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
-        if self.eval_batch_size <= 0:
-            raise UsageError(f"--eval-batch-size must be positive, got {self.eval_batch_size}")
 
 
 class CifarRecipe(Recipe[CifarConfig]):

@@ -37,7 +37,14 @@ from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, 
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.models.moco import MoCo, MocoArch, infer_arch, read_moco_state
-from trainlab.recipes.moco import EvalImages, SslData, load_eval_images, load_train_images, normalisation
+from trainlab.recipes.moco import (
+    EvalImages,
+    SslData,
+    check_image_size,
+    load_eval_images,
+    load_train_images,
+    normalisation,
+)
 
 
 class Backbone(nn.Module):
@@ -72,20 +79,17 @@ class LinearProbeConfig(TrainConfig):
     arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
     data: SslData = option("digits", "digits, cifar10 or image-folder (data_root/train/<class>, data_root/val/<class>)")
     data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: root")
-    image_size: int = option(16, "input side (the pretraining size; digits 8-32; official 224)")
+    image_size: int = option(16, "input side (the pretraining size; digits 8-32; official 224)", ge=1)
     augment: bool = option(True, "train RandomResizedCrop(S) + flip (cifar10, image-folder; digits never)")
-    base_learning_rate: float = option(0.1, "lr per 256 images (official: ResNet 0.1, ViT 3)")
-    batch_size: int = option(256, "global batch per optimizer step (official 1024)")
-    epochs: int = option(90, "number of epochs (official 90)")
+    base_learning_rate: float = option(0.1, "lr per 256 images (official: ResNet 0.1, ViT 3)", gt=0)
+    batch_size: int = option(256, "global batch per optimizer step (official 1024)", gt=0)
+    epochs: int = option(90, "number of epochs (official 90)", ge=1)
     schedule: ScheduleConfig = option(ScheduleConfig(kind="cosine"), "cosine decay, no warm-up (official)")
-    eval_subset: int = option(0, "N > 0: use the first N images of each split (debug)")
+    eval_subset: int = option(0, "N > 0: use the first N images of each split (debug; 0: all)", ge=0)
 
     def validate(self) -> None:
         super().validate()
-        if self.data == "digits" and not 8 <= self.image_size <= 32:
-            raise UsageError(f"digits are 8 to 32 px; got --image-size {self.image_size}")
-        if self.image_size < 1:
-            raise UsageError(f"--image-size must be positive, got {self.image_size}")
+        check_image_size(self.data, self.image_size, None if self.checkpoint else self.arch)
 
 
 class LinearProbeRecipe(Recipe[LinearProbeConfig]):

@@ -49,41 +49,83 @@ class MocoConfig(TrainConfig):
     data_root: Path = option(
         Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: train/, val/"
     )
-    train_subset: int = option(0, "N > 0: train on the first N training images only (debug)")
-    image_size: int = option(32, "view side in pixels (official 224; CIFAR 32; digits 8-32)")
-    crop_min: float = option(0.08, "smallest RandomResizedCrop area fraction (official --crop-min: R50 0.2, ViT 0.08)")
+    train_subset: int = option(0, "N > 0: train on the first N training images only (0: all)", ge=0)
+    image_size: int = option(32, "view side in pixels (official 224; CIFAR 32; digits 8-32)", ge=1)
+    crop_min: float = option(
+        0.08, "smallest RandomResizedCrop area fraction (official --crop-min: R50 0.2, ViT 0.08)", gt=0, le=1
+    )
     blur: bool = option(True, "Gaussian blur p 1.0 / 0.1 on the views (off for CIFAR-size images)")
-    projection_dim: int = option(256, "output width of projector and predictor (official --moco-dim)")
-    mlp_hidden_dim: int = option(4096, "hidden width of projector and predictor (official --moco-mlp-dim)")
-    temperature: float = option(1.0, "softmax temperature (official --moco-t: ResNet 1.0, ViT 0.2)")
-    momentum: float = option(0.99, "momentum-encoder coefficient m0 (official --moco-m)")
+    projection_dim: int = option(256, "output width of projector and predictor (official --moco-dim)", ge=1)
+    mlp_hidden_dim: int = option(4096, "hidden width of projector and predictor (official --moco-mlp-dim)", ge=1)
+    temperature: float = option(1.0, "softmax temperature (official --moco-t: ResNet 1.0, ViT 0.2)", gt=0)
+    momentum: float = option(0.99, "momentum-encoder coefficient m0 (official --moco-m; 1: frozen keys)", ge=0, le=1)
     momentum_cosine: bool = option(True, "cosine schedule of m from m0 to 1 per iteration (official --moco-m-cos)")
     stop_grad_conv1: bool = option(False, "ViT: keep the patch projection at its random init (--stop-grad-conv1)")
     optimizer: OptimizerName = option("lars", "lars (ResNet) or adamw (ViT)")
-    base_learning_rate: float = option(0.6, "learning rate per 256 images; lr = base x batch_size / 256 (--lr)")
-    weight_decay: float = option(1e-6, "weight decay (official --wd: LARS 1e-6, AdamW 0.1)")
-    optimizer_momentum: float = option(0.9, "LARS momentum")
+    base_learning_rate: float = option(0.6, "learning rate per 256 images; lr = base x batch_size / 256 (--lr)", gt=0)
+    weight_decay: float = option(1e-6, "weight decay (official --wd: LARS 1e-6, AdamW 0.1)", ge=0)
+    optimizer_momentum: float = option(0.9, "LARS momentum", ge=0, lt=1)
     sync_batchnorm: bool = option(True, "SyncBatchNorm when distributed on CUDA (as the official code)")
-    batch_size: int = option(512, "global batch per optimizer step (official 4096)")
-    epochs: int = option(100, "number of epochs")
+    batch_size: int = option(512, "global batch per optimizer step (official 4096)", gt=0)
+    epochs: int = option(100, "number of epochs", ge=1)
     schedule: ScheduleConfig = option(
         ScheduleConfig(kind="cosine", warmup_fraction=0.1), "per-iteration warm-up (fraction of steps) then cosine"
     )
-    knn_k: int = option(200, "kNN monitor: neighbours")
-    knn_temperature: float = option(0.1, "kNN monitor: temperature of the exp(similarity / T) vote")
-    eval_subset: int = option(0, "N > 0: kNN bank and queries use the first N images of each split (debug)")
-    eval_batch_size: int = option(256, "batch size of the feature extraction")
+    knn_k: int = option(200, "kNN monitor: neighbours", ge=1)
+    knn_temperature: float = option(
+        0.1, "kNN monitor: temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
+    )
+    eval_subset: int = option(
+        0, "N > 0: kNN bank and queries use the first N images of each split (debug; 0: all)", ge=0
+    )
+    eval_batch_size: int = option(256, "batch size of the feature extraction", ge=1)
 
     def validate(self) -> None:
         super().validate()
-        if not 0.0 < self.crop_min <= 1.0:
-            raise UsageError(f"--crop-min must be in (0, 1], got {self.crop_min}")
-        if not 0.0 <= self.momentum <= 1.0:
-            raise UsageError(f"--momentum must be in [0, 1], got {self.momentum}")
-        if self.temperature <= 0:
-            raise UsageError(f"--temperature must be positive, got {self.temperature}")
-        if self.data == "digits" and not 8 <= self.image_size <= 32:
-            raise UsageError(f"digits are 8 to 32 px; got --image-size {self.image_size}")
+        check_image_size(self.data, self.image_size, self.arch)
+        check_knn_k(self.knn_k, "--knn-k", self.data, self.eval_subset, "--eval-subset")
+
+
+def check_image_size(data: SslData, image_size: int, arch: str | None) -> None:
+    """Refuse an image side the data or the backbone cannot take (digits 8-32 px; a ViT's side divides by its patch).
+
+    Args:
+        data: the data set.
+        image_size: the input side (--image-size).
+        arch: the backbone that will be built at that size, or None when it comes from a checkpoint.
+
+    Raises:
+        UsageError: one line naming --image-size and the sizes that work.
+    """
+    from trainlab.data.digits import MAX_RESOLUTION, MIN_RESOLUTION
+    from trainlab.models.moco.vit import VIT_SIZES
+
+    if data == "digits" and not MIN_RESOLUTION <= image_size <= MAX_RESOLUTION:
+        raise UsageError(f"digits are {MIN_RESOLUTION} to {MAX_RESOLUTION} px; got --image-size {image_size}")
+    vit = VIT_SIZES.get(arch or "")
+    if vit is not None and (image_size % vit.patch_size or image_size < vit.patch_size):
+        raise UsageError(
+            f"--arch {arch} cuts images into {vit.patch_size}-px patches: --image-size must be a multiple of "
+            f"{vit.patch_size}, got {image_size}"
+        )
+
+
+def check_knn_k(k: int, k_flag: str, data: SslData, subset: int, subset_flag: str) -> None:
+    """Refuse more kNN neighbours than the bank can hold, where a bound on its size is known before any image is
+    read (the bundled digits' 4,000 training images, or a subset): otherwise the run would fail at its first
+    evaluation, after a whole epoch.
+
+    Raises:
+        UsageError: `k` exceeds the bank.
+    """
+    from trainlab.data.digits import NUM_CLASSES, TRAIN_PER_CLASS
+
+    full = NUM_CLASSES * TRAIN_PER_CLASS if data == "digits" else None
+    sizes = [n for n in (full, subset if subset > 0 else None) if n is not None]
+    if sizes and k > min(sizes):
+        bank = min(sizes)
+        why = f"{subset_flag} {subset}" if bank == subset else f"the training images of {data}"
+        raise UsageError(f"{k_flag}: k={k} must be between 1 and the bank size {bank} ({why}); lower {k_flag}")
 
 
 @dataclasses.dataclass

@@ -89,50 +89,52 @@ class TokenizerConfig(TrainConfig):
     vqvae_preset: Literal["custom", "official", "digits", "debug"] = option(
         "custom", "custom: the architecture fields below; else a VQVAE preset (official 256 px, digits / debug 16 px)"
     )
-    vocab_size: int = option(4096, "codebook size V")
-    z_channels: int = option(32, "latent / code channels")
-    ch: int = option(160, "base width of the encoder / decoder")
-    ch_mult: tuple[int, ...] = option((1, 1, 2, 2, 4), "width multipliers; downsample = 2 ** (len - 1)")
-    num_res_blocks: int = option(2, "ResnetBlocks per encoder level (the decoder has one more)")
-    patch_nums: tuple[int, ...] = option(PATCH_NUMS_256, "token-map sides, coarse to fine; last = latent side")
-    quant_resi: float = option(0.5, "phi mixing ratio r in phi(x) = (1-r) x + r conv(x)")
-    share_quant_resi: int = option(4, "number of phi convs (0: one per scale)")
-    image_size: int = option(256, "image side; must equal patch_nums[-1] * downsample")
+    vocab_size: int = option(4096, "codebook size V", ge=1)
+    z_channels: int = option(32, "latent / code channels", ge=1)
+    ch: int = option(160, "base width of the encoder / decoder", ge=1)
+    ch_mult: tuple[int, ...] = option((1, 1, 2, 2, 4), "width multipliers; downsample = 2 ** (len - 1)", ge=1)
+    num_res_blocks: int = option(2, "ResnetBlocks per encoder level (the decoder has one more)", ge=1)
+    patch_nums: tuple[int, ...] = option(PATCH_NUMS_256, "token-map sides, coarse to fine; last = latent side", ge=1)
+    quant_resi: float = option(0.5, "phi mixing ratio r in phi(x) = (1-r) x + r conv(x)", ge=0, le=1)
+    share_quant_resi: int = option(4, "number of phi convs (0: one per scale)", ge=0)
+    image_size: int = option(256, "image side; must equal patch_nums[-1] * downsample", ge=1)
     # ---- data
     dataset: DatasetKind = option("image-folder", "digits (bundled MNIST subset), image-folder (--data-root), fake")
     data_root: Path = option(Path("data/imagenet"), "image-folder: a folder with train/<class>/* and val/<class>/*")
     train_crop: Literal["center", "random"] = option(
         "center", "image-folder training crop after VAR's 1.125x Lanczos resize (held-out: always center)"
     )
-    fake_size: int = option(256, "fake: number of synthetic training images")
+    fake_size: int = option(256, "fake: number of synthetic training images", ge=1)
     eval_size: int = option(
-        1000, "held-out images for PSNR / codebook usage / rFID after each evaluated epoch (0: none)"
+        1000, "held-out images for PSNR / codebook usage / rFID after each evaluated epoch (0: none)", ge=0
     )
-    eval_batch_size: int = option(64, "batch size of the held-out evaluation")
+    eval_batch_size: int = option(64, "batch size of the held-out evaluation", ge=1)
     # ---- reconstruction and codebook
     reconstruction_loss: Literal["l1", "l2"] = option("l1", "pixel loss (taming: l1)")
-    perceptual_loss_weight: float = option(1.0, "weight of the perceptual term (taming: 1.0)")
+    perceptual_loss_weight: float = option(1.0, "weight of the perceptual term (taming: 1.0)", ge=0)
     perceptual_weights: str = option("", "local torchvision vgg16 state_dict (+ optional LPIPS lin weights); '': off")
     codebook_mode: Literal["vq", "ema"] = option("vq", "vq: codebook by gradient; ema: EMA updates (decay below)")
-    commitment_beta: float = option(0.25, "commitment weight beta of the VQ loss")
-    codebook_weight: float = option(1.0, "weight of the VQ loss in the generator loss (taming: 1.0)")
-    ema_decay: float = option(0.99, "ema codebook: decay of the cluster-size and embedding-sum averages")
-    dead_code_steps: int = option(0, "restart codes unused for this many optimizer steps from encoder vectors (0: off)")
+    commitment_beta: float = option(0.25, "commitment weight beta of the VQ loss", ge=0)
+    codebook_weight: float = option(1.0, "weight of the VQ loss in the generator loss (taming: 1.0)", ge=0)
+    ema_decay: float = option(0.99, "ema codebook: decay of the cluster-size and embedding-sum averages", ge=0, lt=1)
+    dead_code_steps: int = option(
+        0, "restart codes unused for this many optimizer steps from encoder vectors (0: off)", ge=0
+    )
     # ---- adversarial
-    discriminator_start: int = option(20000, "optimizer step at which D training and the GAN term start")
-    discriminator_weight: float = option(0.8, "weight of the GAN term (taming ImageNet: 0.8); 0: no GAN at all")
+    discriminator_start: int = option(20000, "optimizer step at which D training and the GAN term start", ge=0)
+    discriminator_weight: float = option(0.8, "weight of the GAN term (taming ImageNet: 0.8); 0: no GAN at all", ge=0)
     adaptive_weight: bool = option(True, "scale the GAN term by taming's adaptive weight (else by 1)")
-    max_adaptive_weight: float = option(1e4, "clamp of the adaptive weight")
+    max_adaptive_weight: float = option(1e4, "clamp of the adaptive weight (inf: no clamp)", ge=0, allow_inf=True)
     gan_loss: GanLossKind = option("hinge", "hinge or vanilla (non-saturating) GAN losses")
-    discriminator_layers: int = option(3, "stride-2 conv layers of the PatchGAN discriminator (3: 70x70 patches)")
-    discriminator_channels: int = option(64, "width of the discriminator's first conv")
+    discriminator_layers: int = option(3, "stride-2 conv layers of the PatchGAN discriminator (3: 70x70 patches)", ge=1)
+    discriminator_channels: int = option(64, "width of the discriminator's first conv", ge=1)
     discriminator_norm: NormKind = option("batch", "discriminator normalisation: batch (taming) or group")
     # ---- optimisation
-    generator_learning_rate: float = option(2.88e-4, "Adam learning rate of the VQVAE (taming: 4.5e-6 x batch)")
-    discriminator_learning_rate: float = option(2.88e-4, "Adam learning rate of the discriminator")
-    adam_beta1: float = option(0.5, "Adam beta1 for both optimizers (taming: 0.5)")
-    adam_beta2: float = option(0.9, "Adam beta2 for both optimizers (taming: 0.9)")
-    batch_size: int = option(64, "global batch per optimizer step")
+    generator_learning_rate: float = option(2.88e-4, "Adam learning rate of the VQVAE (taming: 4.5e-6 x batch)", gt=0)
+    discriminator_learning_rate: float = option(2.88e-4, "Adam learning rate of the discriminator", gt=0)
+    adam_beta1: float = option(0.5, "Adam beta1 for both optimizers (taming: 0.5)", ge=0, lt=1)
+    adam_beta2: float = option(0.9, "Adam beta2 for both optimizers (taming: 0.9)", ge=0, lt=1)
+    batch_size: int = option(64, "global batch per optimizer step", gt=0)
     schedule: ScheduleConfig = option(ScheduleConfig(kind="constant"), "learning-rate schedule (taming: constant)")
     # ---- evaluation
     inception_weights: str = option("", "local torch-fidelity Inception weights (pt_inception-2015-12-05) for rFID")
@@ -151,18 +153,6 @@ class TokenizerConfig(TrainConfig):
                 f"{self.image_size} px images are too small for a {self.discriminator_layers}-layer discriminator; "
                 "lower --discriminator-layers"
             )
-        checks = [
-            (self.fake_size > 0, f"--fake-size must be positive, got {self.fake_size}"),
-            (self.eval_size >= 0, f"--eval-size must be >= 0, got {self.eval_size}"),
-            (self.eval_batch_size > 0, f"--eval-batch-size must be positive, got {self.eval_batch_size}"),
-            (0.0 <= self.ema_decay < 1.0, f"--ema-decay must be in [0, 1), got {self.ema_decay}"),
-            (self.dead_code_steps >= 0, f"--dead-code-steps must be >= 0, got {self.dead_code_steps}"),
-            (self.discriminator_start >= 0, f"--discriminator-start must be >= 0, got {self.discriminator_start}"),
-            (self.discriminator_layers >= 1, f"--discriminator-layers must be >= 1, got {self.discriminator_layers}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UsageError(message)
 
     def _resolve_preset(self) -> None:
         if self.vqvae_preset == "custom":

@@ -27,15 +27,15 @@ class ToyConfig(TrainConfig):
     """Synthetic Gaussian-cluster classification with a small MLP (engine smoke tests and demos)."""
 
     run_dir: Path = option(Path("runs/toy"), "output directory")
-    num_samples: int = option(512, "training samples")
-    num_features: int = option(16, "input features")
-    num_classes: int = option(4, "classes")
-    hidden: int = option(32, "hidden width of the MLP")
-    dropout: float = option(0.0, "dropout probability (exercises the RNG state on resume)")
-    learning_rate: float = option(0.1, "peak learning rate (SGD, momentum 0.9)")
-    weight_decay: float = option(0.0, "weight decay")
-    batch_size: int = option(32, "global batch per optimizer step")
-    step_sleep_seconds: float = option(0.0, "sleep in every step (lets tests interrupt a running job)")
+    num_samples: int = option(512, "training samples", ge=1)
+    num_features: int = option(16, "input features", ge=1)
+    num_classes: int = option(4, "classes", ge=1)
+    hidden: int = option(32, "hidden width of the MLP", ge=1)
+    dropout: float = option(0.0, "dropout probability (exercises the RNG state on resume)", ge=0, lt=1)
+    learning_rate: float = option(0.1, "peak learning rate (SGD, momentum 0.9)", gt=0)
+    weight_decay: float = option(0.0, "weight decay", ge=0)
+    batch_size: int = option(32, "global batch per optimizer step", gt=0)
+    step_sleep_seconds: float = option(0.0, "sleep in every step (lets tests interrupt a running job)", ge=0, le=3600)
 
 
 def make_clusters(num_samples: int, num_features: int, num_classes: int, seed: int) -> NamedTensorDataset:

@@ -103,24 +103,28 @@ class VARTrainConfig(TrainConfig):
 
     run_dir: Path = option(Path("runs/var"), "output directory")
     # ---------------------------------------------------------------------------------------------- model
-    depth: int = option(16, "transformer blocks; width 64 x depth and depth heads unless overridden (official)")
-    embed_dim: int = option(-1, "width C (-1: 64 x depth)")
-    num_heads: int = option(-1, "attention heads (-1: depth)")
+    depth: int = option(16, "transformer blocks; width 64 x depth and depth heads unless overridden (official)", ge=1)
+    embed_dim: int = option(-1, "width C (-1: 64 x depth)", ge=1, sentinels=(-1,))
+    num_heads: int = option(-1, "attention heads (-1: depth)", ge=1, sentinels=(-1,))
     shared_adaln: bool = option(False, "one AdaLN projection shared by all blocks (official saln; the 512 px d36)")
-    drop_path_rate: float = option(-1.0, "stochastic depth of the last block (-1: 0.1 x depth / 24, official)")
-    num_classes: int = option(1000, "class count of the model (the class embedding has one more row: 'no class')")
-    image_size: int = option(256, "image side R; must equal patch_nums[-1] x the tokenizer's downsample factor")
+    drop_path_rate: float = option(
+        -1.0, "stochastic depth of the last block (-1: 0.1 x depth / 24, official)", ge=0, le=1, sentinels=(-1,)
+    )
+    num_classes: int = option(1000, "class count of the model (the class embedding has one more row: 'no class')", ge=1)
+    image_size: int = option(256, "image side R; must equal patch_nums[-1] x the tokenizer's downsample factor", ge=1)
     patch_nums: tuple[int, ...] = option(
-        PATCH_NUMS_256, "token-map sides, coarse to fine (512 px: 1 2 3 4 6 9 13 18 24 32)"
+        PATCH_NUMS_256, "token-map sides, coarse to fine (512 px: 1 2 3 4 6 9 13 18 24 32)", ge=1
     )
-    vocab_size: int = option(4096, "tokenizer codebook size V (checked against the tokenizer)")
-    cond_drop_rate: float = option(0.1, "class-dropout probability in training (classifier-free guidance)")
-    init_adaln: float = option(0.5, "AdaLN scale/shift init factor (official aln)")
+    vocab_size: int = option(4096, "tokenizer codebook size V (checked against the tokenizer)", ge=1)
+    cond_drop_rate: float = option(0.1, "class-dropout probability in training (classifier-free guidance)", ge=0, le=1)
+    init_adaln: float = option(0.5, "AdaLN scale/shift init factor (official aln)", ge=0)
     init_adaln_gamma: float = option(
-        1e-3, "AdaLN gamma init factor (official alng; README 1e-3 d16/d20, 1e-4 d24, 1e-5 d30)"
+        1e-3, "AdaLN gamma init factor (official alng; README 1e-3 d16/d20, 1e-4 d24, 1e-5 d30)", ge=0
     )
-    init_head: float = option(0.02, "head weight init factor (official hd)")
-    init_std: float = option(-1.0, "std of Linear/Embedding weights (-1: sqrt(1 / (3C)), official ini)")
+    init_head: float = option(0.02, "head weight init factor (official hd)", ge=0)
+    init_std: float = option(
+        -1.0, "std of Linear/Embedding weights (-1: sqrt(1 / (3C)), official ini)", gt=0, sentinels=(-1,)
+    )
     init_from: str = option("", "fine-tune from official var_d*.pth weights (strict load; '' = from scratch)")
     # ------------------------------------------------------------------------------------------ tokenizer
     tokenizer: str = option("", "frozen tokenizer weights: vae_ch160v4096z32.pth or a trainlab-exported VQVAE")
@@ -131,21 +135,29 @@ class VARTrainConfig(TrainConfig):
     dataset: DatasetKind = option("image-folder", "image-folder (data_root/train, data_root/val), digits, or fake")
     data_root: Path = option(Path("data/imagenet"), "ImageNet-layout folder with train/ and val/ class sub-folders")
     horizontal_flip: bool = option(False, "random horizontal flips in training (official hflip, off in README runs)")
-    fake_num_images: int = option(256, "dataset=fake: training images (class-coloured patterns; tests, --debug)")
+    fake_num_images: int = option(256, "dataset=fake: training images (class-coloured patterns; tests, --debug)", ge=1)
     use_token_cache: bool = option(False, "encode every image once (center crop) and train from the stored tokens")
     token_cache_path: str = option("", "token cache directory ('' = run_dir/token_cache; a stale one is rebuilt)")
     token_cache_rebuild: bool = option(False, "rebuild a stale cache at --token-cache-path instead of refusing it")
-    eval_batch_size: int = option(64, "batch size of the validation pass (rank 0)")
-    eval_max_images: int = option(0, "evaluate on at most this many validation images (0: all)")
+    eval_batch_size: int = option(64, "batch size of the validation pass (rank 0)", ge=1)
+    eval_max_images: int = option(0, "evaluate on at most this many validation images (0: all)", ge=0)
     # -------------------------------------------------------------------------------------- optimisation
-    epochs: int = option(200, "number of epochs (official ep)")
-    batch_size: int = option(768, "global batch per optimizer step, all GPUs and accumulation steps (official bs)")
-    base_learning_rate: float = option(1e-4, "lr per 256 images: peak lr = this x batch_size / 256 (official tblr)")
-    betas: tuple[float, ...] = option((0.9, 0.95), "AdamW betas")
-    weight_decay: float = option(0.05, "AdamW weight decay of the decayed group (official twd)")
+    epochs: int = option(200, "number of epochs (official ep)", ge=1)
+    batch_size: int = option(
+        768, "global batch per optimizer step, all GPUs and accumulation steps (official bs)", gt=0
+    )
+    base_learning_rate: float = option(
+        1e-4, "lr per 256 images: peak lr = this x batch_size / 256 (official tblr)", gt=0
+    )
+    betas: tuple[float, ...] = option((0.9, 0.95), "AdamW betas (two values)", ge=0, lt=1)
+    weight_decay: float = option(0.05, "AdamW weight decay of the decayed group (official twd)", ge=0)
     fused_optimizer: bool = option(True, "fused AdamW kernel on CUDA and CPU (official afuse)")
-    clip_grad_norm: float = option(2.0, "clip the total gradient norm to this after unscaling (official tclip)")
-    label_smoothing: float = option(0.0, "label smoothing of the training loss (official ls; logged CE is unsmoothed)")
+    clip_grad_norm: float = option(
+        2.0, "clip the total gradient norm to this after unscaling (official tclip; 0: no clip)", ge=0
+    )
+    label_smoothing: float = option(
+        0.0, "label smoothing of the training loss (official ls; logged CE is unsmoothed)", ge=0, lt=1
+    )
     schedule: ScheduleConfig = option(
         ScheduleConfig(
             kind="var-lin0", warmup_fraction=0.02, warmup_start_ratio=0.005, final_ratio=0.1, weight_decay_end=-1.0
@@ -154,10 +166,14 @@ class VARTrainConfig(TrainConfig):
         "weight_decay_end = twde (-1: constant)",
     )
     progressive_until: float = option(
-        0.0, "progressive training (official pg): 0 off; X in (0,1) all scales by X x steps"
+        0.0, "progressive training (official pg): 0 off; X in (0,1) all scales by X x steps", ge=0, lt=1
     )
-    progressive_start_scale: int = option(4, "progressive training: last scale index of the first stage (official pg0)")
-    progressive_warmup_epochs: float = option(-1.0, "newest-scale loss ramp per stage, epochs (-1: epochs/300, pgwp)")
+    progressive_start_scale: int = option(
+        4, "progressive training: last scale index of the first stage (official pg0)", ge=0
+    )
+    progressive_warmup_epochs: float = option(
+        -1.0, "newest-scale loss ramp per stage, epochs (-1: epochs/300, pgwp)", ge=0, sentinels=(-1,)
+    )
     export: bool = option(True, "write var_export.pth and var_export.safetensors after the last epoch")
 
     @property
@@ -172,23 +188,14 @@ class VARTrainConfig(TrainConfig):
                 f"precision {self.precision!r} casts VAR's weights to 16 bits; use fp16-amp-scale (official), bf16-amp "
                 "or fp32"
             )
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise UsageError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
-        if not 0.0 <= self.cond_drop_rate <= 1.0:
-            raise UsageError(f"--cond-drop-rate must be in [0, 1], got {self.cond_drop_rate}")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise UsageError(f"--betas takes two values in [0, 1), got {list(self.betas)}")
-        if not 0.0 <= self.progressive_until < 1.0:
-            raise UsageError(f"--progressive-until must be in [0, 1) (0 = off), got {self.progressive_until}")
-        if self.progressive_until > 0 and not 0 <= self.progressive_start_scale < len(self.patch_nums) - 1:
+        if len(self.betas) != 2:
+            raise UsageError(f"--betas takes two values (beta1 beta2), got {len(self.betas)}: {list(self.betas)}")
+        if self.progressive_until > 0 and not self.progressive_start_scale < len(self.patch_nums) - 1:
             raise UsageError(
                 f"--progressive-start-scale must be in [0, {len(self.patch_nums) - 2}] for {len(self.patch_nums)} "
                 f"scales, got {self.progressive_start_scale}"
             )
-        if self.eval_batch_size <= 0 or self.eval_max_images < 0 or self.fake_num_images <= 0:
-            raise UsageError("--eval-batch-size and --fake-num-images must be positive, --eval-max-images >= 0")
-        if self.num_classes < 1 or self.vocab_size < 1 or self.image_size < 1:
-            raise UsageError("--num-classes, --vocab-size and --image-size must be >= 1")
+        var_model_config(self, vae_embed_dim=1)  # widths, heads and scales the transformer can be built with
 
 
 # ------------------------------------------------------------------------------------------------- building
