@@ -192,6 +192,19 @@ def build_var(
     return model
 
 
+def _vqvae_expected(model: VQVAE, state_dict: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The VQVAE's state dict as a file for it may hold it: `VQVAE.load_state_dict` keeps its own
+    `quantize.ema_vocab_hit_SV` when the file's has another number of scales (rows) of the same vocabulary (the
+    official behaviour: a tokenizer serves several patch_nums sets), so that buffer is expected at the file's
+    shape."""
+    expected = dict(model.state_dict())
+    key, own = "quantize.ema_vocab_hit_SV", model.quantize.ema_vocab_hit_SV
+    theirs = state_dict.get(key)
+    if isinstance(theirs, torch.Tensor) and theirs.ndim == 2 and theirs.shape[1:] == own.shape[1:]:
+        expected[key] = torch.empty(theirs.shape, dtype=own.dtype, device="meta")
+    return expected
+
+
 def build_vqvae(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int], *, source: str) -> VQVAE:
     """Build a VQVAE whose architecture is inferred from `state_dict` and load it strictly (in training mode).
 
@@ -200,7 +213,7 @@ def build_vqvae(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int
     """
     _check_inference_keys(state_dict, _VQVAE_INFERENCE_RANKS, source)
     model = VQVAE(infer_vqvae_config(state_dict, patch_nums))
-    check_state_dict(state_dict, model.state_dict(), source=source)
+    check_state_dict(state_dict, _vqvae_expected(model, state_dict), source=source)
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}, strict=True)
     return model
 
@@ -301,7 +314,7 @@ def load_tokenizer(path: str, preset: str, patch_nums: Sequence[int], *, seed: i
     else:
         vq_cfg = VQVAEConfig.preset(preset, patch_nums)
     model = VQVAE(vq_cfg)
-    expected = model.state_dict()
+    expected = _vqvae_expected(model, state)
     if set(state) != set(expected) or any(tuple(state[k].shape) != tuple(v.shape) for k, v in expected.items()):
         raise UsageError(
             f"tokenizer weights {path} do not fit --tokenizer-config {preset} (other keys or shapes); try "
