@@ -237,6 +237,20 @@ def test_out_dir_rerun_regenerates_damaged_pngs_and_refuses_foreign_ones(
         sample_main(argv[1:])
 
 
+def test_outputs_that_cannot_fit_are_refused_before_sampling(
+    var_pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """10^8 images per class: the labels alone would exhaust memory; the .npz could never fit on the disk."""
+    vae, var = var_pair
+    base = ["sample", "--vae", str(vae), "--var", str(var), "--classes", "all", "--n-per-class", "100000000"]
+    base += ["--device", "cpu"]
+    assert main([*base, "--out-dir", str(tmp_path / "huge")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "100000000000 images of 16x16 make a" in line and "GiB samples.npz but only" in line
+    assert main([*base, "--save-tokens", str(tmp_path / "t.pt")]) == 2
+    assert "--save-tokens holds 100000000000 images' tokens in memory" in _one_error_line(capsys.readouterr().err)
+
+
 # ------------------------------------------------------------------------------------------------ digit judge
 def _judge_file(tmp_path: Path, name: str, *, meta: dict[str, str] | None = None, nan: bool = False) -> Path:
     from trainlab.demo.judge import DigitJudge, save_judge

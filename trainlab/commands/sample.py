@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import sys
 import time
 import zipfile
@@ -144,7 +145,8 @@ def check_tokenizer_matches(var_path: Path, vae_path: Path, vqvae: torch.nn.Modu
         )
 
 
-def _parse_classes(values: list[str], num_classes: int, n_per_class: int) -> list[int]:
+def _parse_classes(values: list[str], num_classes: int) -> list[int]:
+    """The class ids of --classes (each once; --n-per-class repeats them later)."""
     if values == ["all"]:
         classes = list(range(num_classes))
     else:
@@ -155,7 +157,37 @@ def _parse_classes(values: list[str], num_classes: int, n_per_class: int) -> lis
     bad = [c for c in classes if not 0 <= c <= num_classes]
     if bad:
         raise UsageError(f"class id {bad[0]} is out of range: use 0..{num_classes - 1} ({num_classes} = unconditional)")
-    return [c for c in classes for _ in range(n_per_class)]
+    return classes
+
+
+def _check_room(config: SampleConfig, total: int, side: int, seq_len: int) -> None:
+    """Refuse, before sampling, outputs that cannot fit: samples.npz larger than the free space of --out-dir (it is
+    written uncompressed, N x side x side x 3 bytes), or --save-tokens larger than the memory available to hold them
+    (N x L int64, twice while concatenated). Warn when the PNGs (at most the same size again) may not fit."""
+    import psutil
+
+    gib = 2**30
+    if config.out_dir is not None:
+        npz = total * side * side * 3
+        existing = config.out_dir if config.out_dir.exists() else config.out_dir.parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = shutil.disk_usage(existing).free
+        if npz > free:
+            raise UsageError(
+                f"--out-dir {config.out_dir}: {total} images of {side}x{side} make a {npz / gib:.1f} GiB samples.npz "
+                f"but only {free / gib:.1f} GiB are free there; free space, or sample fewer (--classes, --n-per-class)"
+            )
+        if 2 * npz > free:
+            log.warning("%s: %.1f GiB free for up to %.1f GiB of PNGs and samples.npz", config.out_dir, free / gib,
+                        2 * npz / gib)  # fmt: skip
+    if config.save_tokens is not None:
+        needed, available = 2 * total * seq_len * 8, psutil.virtual_memory().available
+        if needed > available:
+            raise UsageError(
+                f"--save-tokens holds {total} images' tokens in memory ({needed / gib:.1f} GiB) but only "
+                f"{available / gib:.1f} GiB are available; sample fewer (--classes, --n-per-class)"
+            )
 
 
 def _to_uint8(img_B3HW: torch.Tensor) -> np.ndarray:
@@ -255,9 +287,12 @@ def main(argv: list[str]) -> int:
         vqvae.optimize_for_inference()
     log.info(host_allocator())
     log.info("decoder: %s", "fast (NHWC, SDPA, sub-pixel upsample)" if config.fast_decode else "official arithmetic")
-    labels = _parse_classes(config.classes, var.num_classes, config.samples_per_class)
-    if config.out is not None and len(labels) > 1024:
-        raise UsageError(f"--out makes one grid; {len(labels)} images is too many: use --out-dir")
+    classes = _parse_classes(config.classes, var.num_classes)
+    total = len(classes) * config.samples_per_class  # counted before anything of that size is built
+    if config.out is not None and total > 1024:
+        raise UsageError(f"--out makes one grid; {total} images is too many: use --out-dir")
+    _check_room(config, total, vqvae.cfg.image_size, sum(pn * pn for pn in var.patch_nums))
+    labels = [c for c in classes for _ in range(config.samples_per_class)]
     vqvae, var = vqvae.to(device), var.to(device)
     timer.lap("load")
     names = [f"{i:06d}_c{c:04d}.png" for i, c in enumerate(labels)]
