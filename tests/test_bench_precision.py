@@ -26,6 +26,10 @@ def test_bench_two_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     for name in ["loss_vs_step", "accuracy_vs_epoch", "memory", "time_per_epoch", "accuracy_vs_time"]:
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
     assert "| fp32 |" in capsys.readouterr().out
+    assert "first epoch excluded" in (out / "results.md").read_text()  # 2 epochs: the first is left out
+    table = (out / "results.md").read_text()
+    assert main(["report", str(out)]) == 0  # report after bench: the bench's report, updated in place
+    assert not (out / "report").exists() and (out / "results.md").read_text() == table
 
 
 def test_bench_refuses_invalid_mode(capsys: pytest.CaptureFixture[str]) -> None:

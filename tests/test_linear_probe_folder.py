@@ -56,7 +56,7 @@ def test_linear_probe_on_an_image_folder_prints_the_final_accuracy(
     run = tmp_path / "lp"
     args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--data", "image-folder"]
     args += ["--data-root", str(folder), "--image-size", "32", "--epochs", "2", "--batch-size", "4"]
-    args += ["--run-dir", str(run), "--tensorboard", "false", "--progress", "false"]
+    args += ["--run-dir", str(run), "--tensorboard", "false", "--progress", "false", "--eval-every-epochs", "1"]
     assert main(args) == 0
     printed = _json_line(capsys.readouterr().out)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -122,6 +122,7 @@ def test_eval_linear_probe_prints_final_accuracy(
     run = tmp_path / "lp"
     args = ["eval", "linear-probe", "--checkpoint", str(official_ckpt), "--run-dir", str(run), "--eval-subset", "256"]
     args += ["--epochs", "2", "--batch-size", "64", "--tensorboard", "false", "--progress", "false"]
+    args += ["--eval-every-epochs", "1"]
     assert main(args) == 0
     printed = _json_line(capsys.readouterr().out)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

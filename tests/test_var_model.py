@@ -290,7 +290,7 @@ def test_loader_errors(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
     state = torch.load(var_path, weights_only=True)
     state["blocks.1.ffn.fc2.weight"] = torch.zeros(64, 100)
     torch.save(state, tmp_path / "bad.pth")
-    with pytest.raises(UsageError, match=r"match no known configuration.*blocks\.1\.ffn\.fc2\.weight"):
+    with pytest.raises(UsageError, match=r"bad\.pth: blocks\.1\.ffn\.fc2\.weight has shape \(64, 100\).*no known"):
         load_official(vae_path, tmp_path / "bad.pth")
     with pytest.raises(UsageError, match="match no known configuration"):
         load_official(vae_path, var_path, patch_nums=(1, 2, 4, 5))

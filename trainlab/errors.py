@@ -2,9 +2,19 @@
 
 `UsageError` is the one exception type the CLI turns into a single line on stderr and exit code 2. Raise it for
 anything the user can fix (bad flag, missing file, wrong checkpoint); keep `assert` for internal invariants.
+
+Helpers for writing those lines: `first_line(err)` (an exception reduced to its type and first line, the one way to
+quote a library's error inside a UsageError) and `check_output_path(flag, path)` (refuse an output location that
+cannot be written before any work starts).
 """
 
 from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+FIRST_LINE_LIMIT = 200  # characters of a quoted library error kept in a one-line message
 
 
 class UsageError(Exception):
@@ -18,3 +28,50 @@ class TrainingStopped(UsageError):
     good checkpoint is left as it was."""
 
     exit_code = 1
+
+
+def first_line(err: BaseException, limit: int = FIRST_LINE_LIMIT) -> str:
+    """`TypeName: first non-empty line of the message`, at most `limit` characters (an ellipsis marks a cut).
+
+    The form in which a UsageError quotes an exception raised by a library (torch, safetensors, PIL, yaml).
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_output_path(flag: str, path: str | os.PathLike[str], *, is_dir: bool) -> None:
+    """Refuse an output location that cannot be written, before the work that would fill it (minutes to hours).
+
+    The path itself must not be of the other kind (a file where a folder is wanted, or the reverse), and the nearest
+    folder on its way that exists must be a directory in which a file can be created (checked by creating and
+    deleting a temporary file there: this also catches read-only mounts and works as root).
+
+    Args:
+        flag: how the user named it (`--out-dir`, `--run-dir`), for the message.
+        path: the output file or folder (it need not exist yet).
+        is_dir: whether `path` is a folder (else a file).
+
+    Raises:
+        UsageError: one line naming the flag, the path, what is wrong and the fix.
+    """
+    path = Path(path)
+    wanted = "a directory" if is_dir else "a file path"
+    if path.exists() and path.is_dir() != is_dir:
+        kind = "a directory" if path.is_dir() else "a file"
+        raise UsageError(f"{flag} {path} is {kind}; pass {wanted}")
+    existing = path if is_dir else path.parent
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a dangling link: creating the folder would fail
+            raise UsageError(f"{flag} {path}: {existing} is a broken symbolic link; pass {wanted} in a writable folder")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is not a directory; pass {wanted} in a writable folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".trainlab-write-test-"):
+            pass
+    except OSError as err:
+        reason = err.strerror or first_line(err)
+        raise UsageError(
+            f"{flag} {path} cannot be written ({existing}: {reason}); pass {wanted} in a writable folder"
+        ) from None

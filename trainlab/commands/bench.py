@@ -2,26 +2,33 @@
 
 Trains the same model under every precision mode the device can run (x seeds), each in a fresh process so peak
 memory is that run's own (CUDA max allocated/reserved on GPU, peak RSS on CPU), then writes a results table
-(markdown + CSV) and comparison plots. Extra `trainlab train cifar` flags can follow `--`.
+(markdown + CSV: OUT_DIR/results.md, results.csv) and comparison plots (OUT_DIR/plots/) through `trainlab report`'s
+own code, and `bench.json` (its runs, by mode): `trainlab report OUT_DIR` later updates those same files. Extra
+`trainlab train cifar` flags can follow `--`. The output folder is checked before the first run; a warning that
+every mode would print (fp16 on a CPU) is printed once, with the modes it concerns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 
 from trainlab.config import option, parse
 from trainlab.engine.precision import LAB_PRECISIONS, Precision, PrecisionName, check_device_support
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, check_output_path
 
 log = logging.getLogger(__name__)
+
+SHOWN_ENV = "TRAINLAB_BENCH_SHOWN"  # JSON list of the warnings the bench printed once for all of its runs
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -49,25 +56,83 @@ class PrecisionBenchConfig:
             raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
 
 
-def runnable_modes(modes: Sequence[str], device_name: str) -> list[str]:
-    """The modes this device can run; the others are skipped with a logged reason (never silently)."""
+class _Collect(logging.Handler):
+    """Keeps WARNING records instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _collect_warnings() -> Iterator[_Collect]:
+    """Warnings of trainlab's loggers inside the block are kept in the handler, not printed."""
+    logger = logging.getLogger("trainlab")
+    handler, propagate = _Collect(), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def runnable_modes(modes: Sequence[str], device_name: str) -> tuple[list[str], list[str]]:
+    """The modes this device can run (the others are skipped with a logged reason, never silently), and the warnings
+    their checks gave, each logged once with the modes it concerns (rather than once per mode and again per run)."""
     from trainlab.engine.loop import resolve_device
 
     device = resolve_device(device_name)
     keep = []
+    shown: dict[str, list[str]] = {}
     for mode in modes:
-        try:
-            check_device_support(Precision.parse(mode), device)
-        except UsageError as err:
-            log.warning("skipping %s: %s", mode, err)
-            continue
+        with _collect_warnings() as collected:
+            try:
+                check_device_support(Precision.parse(mode), device)
+            except UsageError as err:
+                log.warning("skipping %s: %s", mode, err)
+                continue
+        for record in collected.records:
+            shown.setdefault(record.getMessage(), []).append(mode)
         keep.append(mode)
-    return keep
+    for message, which in shown.items():
+        log.warning("%s (modes %s; said once for all their runs)", message, ", ".join(which))
+    return keep, list(shown)
+
+
+class _Drop(logging.Filter):
+    """Drops records whose message is one of `messages`."""
+
+    def __init__(self, messages: Sequence[str]) -> None:
+        super().__init__()
+        self.messages = set(messages)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self.messages
+
+
+def child_main(argv: list[str]) -> int:
+    """One run of the bench: `trainlab` itself (`python -m trainlab.commands.bench train cifar ...`), except that the
+    warnings the bench already printed once ($TRAINLAB_BENCH_SHOWN) are not printed again. The run directory records
+    the command as `python -m trainlab train cifar ...`, which reproduces it."""
+    import trainlab
+    from trainlab.cli import main, setup_logging
+
+    setup_logging()
+    drop = _Drop(json.loads(os.environ.get(SHOWN_ENV, "[]")))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(drop)
+    sys.argv = [str(Path(trainlab.__file__).with_name("__main__.py")), *argv]
+    return main(argv)
 
 
 def _train_command(cfg: PrecisionBenchConfig, mode: str, seed: int, run_dir: Path, extra: list[str]) -> list[str]:
     return [
-        sys.executable, "-m", "trainlab", "train", "cifar",
+        sys.executable, "-m", "trainlab.commands.bench", "train", "cifar",
         "--model", cfg.model, "--precision", mode, "--seed", str(seed), "--epochs", str(cfg.epochs),
         "--batch-size", str(cfg.batch_size), "--learning-rate", str(cfg.learning_rate), "--device", cfg.device,
         "--data-root", str(cfg.data_root), "--fake-data", str(cfg.fake_data), "--max-steps", str(cfg.max_steps),
@@ -77,25 +142,22 @@ def _train_command(cfg: PrecisionBenchConfig, mode: str, seed: int, run_dir: Pat
 
 
 def run_precision_bench(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
-    from trainlab.report.plots import plot_comparison
-    from trainlab.report.runs import summarize_run
-    from trainlab.report.tables import write_results_table
+    from trainlab.commands.report import BENCH_MANIFEST, ReportPlan, write_report
 
-    modes = runnable_modes(cfg.modes, cfg.device)
+    check_output_path("--out-dir", cfg.out_dir, is_dir=True)  # before minutes of training, not after
+    modes, shown = runnable_modes(cfg.modes, cfg.device)
     if not modes:
         raise UsageError("none of the requested precision modes can run on this device")
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[Path]] = {}
-    rows = []
     for mode in modes:
         for seed in range(cfg.seeds):
             run_dir = cfg.out_dir / "runs" / f"{cfg.model}-{mode}-seed{seed}"
-            done = (run_dir / "metrics.jsonl").is_file() and '"kind": "summary"' in (
-                run_dir / "metrics.jsonl"
-            ).read_text()
+            metrics = run_dir / "metrics.jsonl"
+            done = metrics.is_file() and '"kind": "summary"' in metrics.read_text(errors="replace")
             if not done:
                 log.info("bench: %s seed %d -> %s", mode, seed, run_dir)
-                env = dict(os.environ, TRAINLAB_BENCH="1")
+                env = dict(os.environ, TRAINLAB_BENCH="1", **{SHOWN_ENV: json.dumps(shown)})
                 proc = subprocess.run(_train_command(cfg, mode, seed, run_dir, extra), env=env)
                 if proc.returncode != 0:
                     raise UsageError(
@@ -103,16 +165,18 @@ def run_precision_bench(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
                         f"see its output above and {run_dir}"
                     )
             groups.setdefault(mode, []).append(run_dir)
-            rows.append(summarize_run(run_dir, label=mode))
-    write_results_table(rows, cfg.out_dir / "results.md", cfg.out_dir / "results.csv")
-    plots = plot_comparison(groups, cfg.out_dir / "plots")
+    manifest = {label: [str(d.relative_to(cfg.out_dir)) for d in dirs] for label, dirs in groups.items()}
+    (cfg.out_dir / BENCH_MANIFEST).write_text(json.dumps({"groups": manifest}, indent=2) + "\n")
+    run_dirs = [d for dirs in groups.values() for d in dirs]
+    paths = write_report(ReportPlan(run_dirs, groups, cfg.out_dir / "plots", cfg.out_dir))
     device = "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
     (cfg.out_dir / "environment.txt").write_text(
         f"device: {device}\ntorch: {torch.__version__}\nthreads: {torch.get_num_threads()}\n"
     )
     print((cfg.out_dir / "results.md").read_text())
-    for path in plots:
-        print(path)
+    for path in paths:
+        if path.suffix == ".png":
+            print(path)
     return cfg.out_dir
 
 
@@ -131,3 +195,7 @@ def main(argv: list[str]) -> int:
     cfg = parse(PrecisionBenchConfig, rest, prog="trainlab bench precision")
     run_precision_bench(cfg, extra)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))

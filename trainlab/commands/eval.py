@@ -5,8 +5,12 @@ trainlab eval knn --checkpoint runs/moco/ckpt/last.pt --data digits --image-size
 trainlab eval knn --checkpoint '' --arch resnet_debug --data digits      (random-init baseline)
 trainlab eval knn --features pixels --data digits                        (raw-pixel baseline)
 trainlab eval linear-probe --checkpoint checkpoint_0099.pth.tar --data cifar10 --image-size 32
-trainlab eval linear-probe --checkpoint CKPT --data image_folder --data-root /data/imagenet --image-size 224
+trainlab eval linear-probe --checkpoint CKPT --data image-folder --data-root /data/imagenet --image-size 224
     (<root>/train/<class>/*, <root>/val/<class>/*: train RandomResizedCrop + flip, eval Resize + CenterCrop)
+--data, --image-size and --data-root default to what the checkpoint was pretrained with (a trainlab run records them,
+an official ViT's position table fixes its side), else digits at 16 px; a value given that differs is used, with a
+warning. linear-probe prints its result only when training ended with an evaluation of the last epoch: stopped
+earlier (--max-steps, SIGTERM), it says so (the same command resumes).
 
 Generated samples (a folder of PNGs or an .npz with uint8 (N, H, W, 3) under arr_0, e.g. `trainlab sample --out-dir`):
 trainlab eval fid --samples samples/ --reference VIRTUAL_imagenet256_labeled.npz --inception-weights inception.pth
@@ -32,6 +36,7 @@ import torch
 from trainlab.config import option, parse
 from trainlab.errors import UsageError
 from trainlab.models.moco import MocoArch
+from trainlab.recipes.linear_probe import DEFAULT_DATA, DEFAULT_IMAGE_SIZE
 from trainlab.recipes.moco import SslData, check_image_size, check_knn_k
 
 
@@ -42,9 +47,14 @@ class KnnConfig:
     checkpoint: str = option("", "MoCo checkpoint (official main_moco.py or trainlab ckpt/last.pt); '': random init")
     features: Literal["backbone", "pixels"] = option("backbone", "backbone features, or raw pixels (baseline)")
     arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
-    data: SslData = option("digits", "digits, cifar10 or image-folder (data_root/train, data_root/val)")
-    data_root: Path = option(Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: root")
-    image_size: int = option(16, "input side (the pretraining size)", ge=1)
+    data: SslData | None = option(
+        None, "digits, cifar10 or image-folder (data_root/train, data_root/val); default: the checkpoint's, else digits"
+    )
+    data_root: Path | None = option(
+        None, "cifar10: folder with cifar-10-batches-py/; image-folder: root; default: the checkpoint's, else "
+        "data/cifar10",
+    )  # fmt: skip
+    image_size: int | None = option(None, "input side; default: the checkpoint's pretraining side, else 16", ge=1)
     k: int = option(200, "neighbours", ge=1)
     temperature: float = option(
         0.1, "temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
@@ -55,25 +65,35 @@ class KnnConfig:
     batch_size: int = option(256, "feature-extraction batch size", ge=1)
 
     def validate(self) -> None:
+        # what is known before a checkpoint is read: the given values, or the defaults where none will be read
+        from_checkpoint = self.features == "backbone" and bool(self.checkpoint)
+        data = self.data or (None if from_checkpoint else DEFAULT_DATA)
+        size = self.image_size or (None if from_checkpoint else DEFAULT_IMAGE_SIZE)
         random_backbone = self.features == "backbone" and not self.checkpoint
-        check_image_size(self.data, self.image_size, self.arch if random_backbone else None)
-        check_knn_k(self.k, "--k", self.data, self.subset, "--subset")
+        if data is not None and size is not None:
+            check_image_size(data, size, self.arch if random_backbone else None)
+        if data is not None:
+            check_knn_k(self.k, "--k", data, self.subset, "--subset")
 
 
 def _knn(argv: list[str]) -> int:
-    from trainlab.recipes.linear_probe import load_backbone
+    from trainlab.engine.loop import resolve_device
+    from trainlab.recipes.linear_probe import load_backbone, resolve_eval_data
     from trainlab.recipes.moco import knn_of_features, load_eval_images
 
     c = parse(KnnConfig, argv, prog="trainlab eval knn")
     torch.manual_seed(c.seed)
-    device = torch.device(c.device)
-    images = load_eval_images(c.data, c.data_root, c.image_size, c.seed, c.subset)
+    device = resolve_device(c.device)
+    checkpoint = c.checkpoint if c.features == "backbone" else ""
+    d = resolve_eval_data(checkpoint, c.data, c.image_size, c.data_root)
+    check_knn_k(c.k, "--k", d.data, c.subset, "--subset")  # the data set may have come from the checkpoint
+    images = load_eval_images(d.data, d.data_root, d.image_size, c.seed, c.subset)
     features: Callable[[torch.Tensor], torch.Tensor]
     if c.features == "pixels":
         source = "raw pixels"
         features = partial(torch.flatten, start_dim=1)
     else:
-        model, source = load_backbone(c.checkpoint, c.arch, c.image_size)
+        model, source = load_backbone(c.checkpoint, c.arch, d.image_size)
         model = model.to(device).eval()
         features = model.features
     acc = knn_of_features(features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature)
@@ -86,6 +106,8 @@ def _knn(argv: list[str]) -> int:
                 "temperature": c.temperature,
                 "bank": int(images.bank_N3HW.shape[0]),
                 "queries": int(images.query_N3HW.shape[0]),
+                "data": d.data,
+                "image_size": d.image_size,
             }
         )
     )
@@ -95,19 +117,40 @@ def _knn(argv: list[str]) -> int:
 def _linear_probe(argv: list[str]) -> int:
     from trainlab.engine.loop import Trainer
     from trainlab.recipes.linear_probe import LinearProbeConfig, LinearProbeRecipe
+    from trainlab.report.runs import latest_rows, read_metrics
 
     c = parse(LinearProbeConfig, argv, prog="trainlab eval linear-probe")
     recipe = LinearProbeRecipe(c)
-    Trainer(recipe).fit()
-    rows = [json.loads(line) for line in (Path(c.run_dir) / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in rows if r["kind"] == "eval"]
-    final = evals[-1]["test_accuracy"]
-    best = max(r["test_accuracy"] for r in evals)
+    trainer = Trainer(recipe)
+    result = trainer.fit()
+    if result.status == "interrupted":
+        print(
+            f"trainlab eval linear-probe: interrupted at step {result.step}; saved {trainer.ckpt_dir / 'last.pt'}: run "
+            "the same command again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    evals = [row for row in latest_rows(read_metrics(c.run_dir), "eval", "epoch") if "test_accuracy" in row]
+    final = result.last_eval.get("test_accuracy")
+    if final is None and evals and evals[-1]["epoch"] == result.epoch:  # a finished run launched again
+        final = evals[-1]["test_accuracy"]
+    if final is None:
+        print(
+            f"trainlab eval linear-probe: no evaluation yet: training stopped at step {result.step} ({result.status}, "
+            f"epoch {result.epoch} of {recipe.config.epochs} done) before the evaluation of the last epoch; run "
+            "without --max-steps (or a larger one) to get the test accuracy",
+            file=sys.stderr,
+        )
     print(
         json.dumps(
             {
                 "final_test_accuracy": final,
-                "best_epoch_test_accuracy (chosen on the test set)": best,
+                "best_epoch_test_accuracy (chosen on the test set)": max(
+                    (float(row["test_accuracy"]) for row in evals), default=None
+                ),
+                "epochs_evaluated": [int(row["epoch"]) for row in evals],
+                "step": result.step,
+                "status": result.status,
                 "backbone": recipe.source,
             }
         )
@@ -186,11 +229,12 @@ def _fid(argv: list[str]) -> int:
 
 def _judge(argv: list[str]) -> int:
     from trainlab.demo.judge import load_judge
+    from trainlab.engine.loop import resolve_device
     from trainlab.evaluate.image_sets import read_image_set
     from trainlab.evaluate.judge_accuracy import judged_accuracy
 
     c = parse(JudgeConfig, argv, prog="trainlab eval judge")
-    judge = load_judge(c.judge, device=c.device)
+    judge = load_judge(c.judge, device=resolve_device(c.device))
     result = judged_accuracy(judge, read_image_set(c.samples, flag="--samples"))
     per_class = {str(k): {"images": n, "accuracy": acc} for k, (n, acc) in result.per_class.items()}
     print(json.dumps({"judged_accuracy": result.accuracy, "images": result.num_images, "per_class": per_class}))

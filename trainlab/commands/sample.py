@@ -12,7 +12,9 @@ official code on CUDA, not a CPU run. Pixels are round(255 * img) with img in [0
 trained with, and a --vae with other weights is refused (its codes would mean something else: garbage images).
 --out-dir writes NNNNNN_cCCCC.png per image and, once all exist, samples.npz (uint8 (N, H, W, 3) under `arr_0` and
 the int64 class labels under `arr_1`, the layout of OpenAI's guided-diffusion evaluator); it is resumable: batches
-whose PNGs all exist are skipped (unless --out or --save-tokens also need them).
+whose PNGs all exist and read back whole are skipped (unless --out or --save-tokens also need them); a truncated or
+otherwise unreadable PNG is logged and its batch sampled again; a PNG of another size than these weights make is
+refused before sampling (it comes from other weights: use another --out-dir).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -32,8 +34,9 @@ import torch
 from PIL import Image
 
 from trainlab.config import option, parse
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, check_output_path, first_line
 from trainlab.host_memory import host_allocator
+from trainlab.user_files import load_user_file
 
 # Shape legend: B images in a batch, N images in total, H/W image side, pn token-map side.
 
@@ -108,26 +111,7 @@ class SampleConfig:
         return device
 
 
-def _check_writable(flag: str, path: Path, *, is_dir: bool) -> None:
-    """Fail before sampling (minutes to hours) when `path` cannot be written: the nearest existing folder on its way
-    must be a writable directory (checked by creating a temporary file there, which also works as root and on
-    read-only mounts)."""
-    if path.exists() and path.is_dir() != is_dir:
-        kind = "a file" if is_dir else "a directory"
-        raise UsageError(f"{flag} {path} is {kind}; pass {'a directory' if is_dir else 'a file path'}")
-    folder = path if is_dir else path.parent
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UsageError(f"{flag} {path}: {existing} is not a directory; pass a path in a writable folder")
-    try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".trainlab-write-test-"):
-            pass
-    except OSError as err:
-        raise UsageError(
-            f"{flag} {path} cannot be written ({existing}: {err.strerror or err}); pass a path in a writable folder"
-        ) from None
+_check_writable = check_output_path  # the one output-location check (trainlab.errors), also used by `trainlab edit`
 
 
 def _trained_tokenizer_sha256(var_path: Path) -> str | None:
@@ -135,10 +119,7 @@ def _trained_tokenizer_sha256(var_path: Path) -> str | None:
     (official weights and exports record none)."""
     if var_path.suffix not in (".pt", ".pth"):
         return None
-    try:
-        obj = torch.load(var_path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # legacy or unreadable: load_official has already read or refused it
-        return None
+    obj = load_user_file(var_path, "VAR checkpoint", fix="pass a complete weights file")  # memory-mapped: cheap
     if not isinstance(obj, dict) or obj.get("format") != "trainlab-checkpoint":
         return None
     recipe_state = obj.get("recipe_state")
@@ -165,7 +146,8 @@ def check_tokenizer_matches(var_path: Path, vae_path: Path, vqvae: torch.nn.Modu
         )
 
 
-def _parse_classes(values: list[str], num_classes: int, n_per_class: int) -> list[int]:
+def _parse_classes(values: list[str], num_classes: int) -> list[int]:
+    """The class ids of --classes (each once; --n-per-class repeats them later)."""
     if values == ["all"]:
         classes = list(range(num_classes))
     else:
@@ -176,7 +158,37 @@ def _parse_classes(values: list[str], num_classes: int, n_per_class: int) -> lis
     bad = [c for c in classes if not 0 <= c <= num_classes]
     if bad:
         raise UsageError(f"class id {bad[0]} is out of range: use 0..{num_classes - 1} ({num_classes} = unconditional)")
-    return [c for c in classes for _ in range(n_per_class)]
+    return classes
+
+
+def _check_room(config: SampleConfig, total: int, side: int, seq_len: int) -> None:
+    """Refuse, before sampling, outputs that cannot fit: samples.npz larger than the free space of --out-dir (it is
+    written uncompressed, N x side x side x 3 bytes), or --save-tokens larger than the memory available to hold them
+    (N x L int64, twice while concatenated). Warn when the PNGs (at most the same size again) may not fit."""
+    import psutil
+
+    gib = 2**30
+    if config.out_dir is not None:
+        npz = total * side * side * 3
+        existing = config.out_dir if config.out_dir.exists() else config.out_dir.parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = shutil.disk_usage(existing).free
+        if npz > free:
+            raise UsageError(
+                f"--out-dir {config.out_dir}: {total} images of {side}x{side} make a {npz / gib:.1f} GiB samples.npz "
+                f"but only {free / gib:.1f} GiB are free there; free space, or sample fewer (--classes, --n-per-class)"
+            )
+        if 2 * npz > free:
+            log.warning("%s: %.1f GiB free for up to %.1f GiB of PNGs and samples.npz", config.out_dir, free / gib,
+                        2 * npz / gib)  # fmt: skip
+    if config.save_tokens is not None:
+        needed, available = 2 * total * seq_len * 8, psutil.virtual_memory().available
+        if needed > available:
+            raise UsageError(
+                f"--save-tokens holds {total} images' tokens in memory ({needed / gib:.1f} GiB) but only "
+                f"{available / gib:.1f} GiB are available; sample fewer (--classes, --n-per-class)"
+            )
 
 
 def _to_uint8(img_B3HW: torch.Tensor) -> np.ndarray:
@@ -190,10 +202,36 @@ def _save_png(arr_HW3: np.ndarray, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def png_problem(path: Path) -> tuple[str | None, tuple[int, int] | None]:
+    """(why an existing PNG cannot be read back whole or None, its (width, height) or None when unreadable).
+
+    PIL's `verify` walks every chunk and its CRC without decoding the pixels: a truncated, zero-byte or corrupted file
+    fails it at a fraction of a decode's cost (this runs over every PNG of a resumed --out-dir).
+    """
+    try:
+        with Image.open(path) as img:
+            size = img.size
+            img.verify()
+    except (OSError, SyntaxError, ValueError) as err:  # PIL's errors for truncated / corrupt files
+        return first_line(err), None
+    return None, size
+
+
+def _read_png(path: Path) -> np.ndarray:
+    try:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except (OSError, SyntaxError, ValueError) as err:
+        raise UsageError(
+            f"{path} is unreadable ({first_line(err)}); delete it and run the same command again: its batch is "
+            "sampled again"
+        ) from None
+
+
 def write_npz(png_paths: list[Path], out_path: Path, labels: list[int] | None = None) -> None:
     """Stream PNGs into an .npz holding uint8 (N, H, W, 3) as `arr_0`, one image in memory at a time, and the class
     labels as int64 (N,) under `arr_1` when given (the layout of OpenAI's labelled reference batches)."""
-    first = np.asarray(Image.open(png_paths[0]).convert("RGB"))
+    first = _read_png(png_paths[0])
     header: dict[str, Any] = {
         "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
         "fortran_order": False,
@@ -206,7 +244,7 @@ def write_npz(png_paths: list[Path], out_path: Path, labels: list[int] | None = 
     ):
         np.lib.format.write_array_header_2_0(f, header)
         for path in png_paths:
-            arr = np.asarray(Image.open(path).convert("RGB"), dtype=np.uint8)
+            arr = _read_png(path)
             if arr.shape != first.shape:
                 raise UsageError(f"{path} has shape {arr.shape}, expected {first.shape}: clear --out-dir and rerun")
             f.write(np.ascontiguousarray(arr).tobytes())
@@ -250,9 +288,12 @@ def main(argv: list[str]) -> int:
         vqvae.optimize_for_inference()
     log.info(host_allocator())
     log.info("decoder: %s", "fast (NHWC, SDPA, sub-pixel upsample)" if config.fast_decode else "official arithmetic")
-    labels = _parse_classes(config.classes, var.num_classes, config.samples_per_class)
-    if config.out is not None and len(labels) > 1024:
-        raise UsageError(f"--out makes one grid; {len(labels)} images is too many: use --out-dir")
+    classes = _parse_classes(config.classes, var.num_classes)
+    total = len(classes) * config.samples_per_class  # counted before anything of that size is built
+    if config.out is not None and total > 1024:
+        raise UsageError(f"--out makes one grid; {total} images is too many: use --out-dir")
+    _check_room(config, total, vqvae.cfg.image_size, sum(pn * pn for pn in var.patch_nums))
+    labels = [c for c in classes for _ in range(config.samples_per_class)]
     vqvae, var = vqvae.to(device), var.to(device)
     timer.lap("load")
     names = [f"{i:06d}_c{c:04d}.png" for i, c in enumerate(labels)]
@@ -260,6 +301,7 @@ def main(argv: list[str]) -> int:
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     may_skip = out_dir is not None and config.out is None and config.save_tokens is None
+    damaged = _damaged_pngs(out_dir, names, vqvae.cfg.image_size) if may_skip and out_dir is not None else set()
     grid_parts: list[torch.Tensor] = []
     token_parts: list[list[torch.Tensor]] = []
     starts = range(0, len(labels), config.batch_size)
@@ -267,7 +309,8 @@ def main(argv: list[str]) -> int:
     skipped = 0
     for batch_idx, start in enumerate(starts):
         chunk = labels[start : start + config.batch_size]
-        if may_skip and out_dir is not None and all((out_dir / names[start + j]).is_file() for j in range(len(chunk))):
+        batch_names = names[start : start + len(chunk)]
+        if may_skip and out_dir is not None and all((out_dir / n).is_file() and n not in damaged for n in batch_names):
             skipped += len(chunk)
             bar.update(len(chunk))
             continue
@@ -315,6 +358,30 @@ def main(argv: list[str]) -> int:
         busy = timer.seconds.get("tokens", 0.0) + timer.seconds.get("decode", 0.0)
         log.info("%d images sampled and decoded: %.2f images/s", generated, generated / max(busy, 1e-9))
     return 0
+
+
+def _damaged_pngs(out_dir: Path, names: list[str], side: int) -> set[str]:
+    """The names of existing PNGs in a resumed --out-dir that do not read back whole (logged: their batches are
+    sampled again).
+
+    Raises:
+        UsageError: a PNG of another size than `side`, i.e. from other weights (before any sampling).
+    """
+    damaged: set[str] = set()
+    for name in names:
+        path = out_dir / name
+        if not path.is_file():
+            continue
+        problem, size = png_problem(path)
+        if problem is not None:
+            log.warning("%s is unreadable (%s): its batch is sampled again", path, problem)
+            damaged.add(name)
+        elif size is not None and size != (side, side):
+            raise UsageError(
+                f"{path} is {size[0]}x{size[1]} pixels but these weights make {side}x{side} images: it was sampled "
+                "with other weights; use another --out-dir (or clear this one)"
+            )
+    return damaged
 
 
 class PhaseTimer:

@@ -30,7 +30,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trainlab.data.digits import NUM_CLASSES, DigitsData
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, first_line
+from trainlab.user_files import check_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +186,18 @@ def save_judge(judge: DigitJudge, path: str | Path) -> None:
     save_file(state, str(path), metadata=metadata)
 
 
+_METADATA_INTS = ("resolution", "width", "feature_dim", "num_classes")  # DigitJudge's constructor arguments
+
+
 def load_judge(path: str | Path, *, device: str | torch.device = "cpu") -> DigitJudge:
-    """Read a judge written by `save_judge`; returned in eval mode on `device`."""
+    """Read a judge written by `save_judge`; returned in eval mode on `device`.
+
+    Raises:
+        UsageError: a missing or unreadable file, metadata that does not describe a judge (a missing key, a value
+            that is not a positive integer), or weights that do not fit it (keys, shapes, dtypes, NaN / inf).
+    """
     path = Path(path)
+    fix = "re-save it with save_judge() (or run trainlab demo again)"
     if not path.is_file():
         raise UsageError(f"judge weights not found at {path}: train one with train_judge() and save_judge()")
     try:
@@ -195,21 +205,30 @@ def load_judge(path: str | Path, *, device: str | torch.device = "cpu") -> Digit
             metadata = f.metadata() or {}
             state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise UsageError(f"{path} is not a readable safetensors file ({e}): re-save it with save_judge()") from e
+        raise UsageError(f"{path} is not a readable safetensors file ({first_line(e)}): {fix}") from None
     if metadata.get("format") != _FORMAT or metadata.get("format_version") != _FORMAT_VERSION:
         raise UsageError(
             f"{path} is not a trainlab digit-judge file (v{_FORMAT_VERSION}): re-save it with save_judge()"
         )
-    judge = DigitJudge(
-        resolution=int(metadata["resolution"]),
-        width=int(metadata["width"]),
-        feature_dim=int(metadata["feature_dim"]),
-        num_classes=int(metadata["num_classes"]),
-    )
+    sizes: dict[str, int] = {}
+    for key in _METADATA_INTS:
+        text = metadata.get(key)
+        if text is None:
+            raise UsageError(f"judge file {path} lacks the metadata key {key!r}: {fix}")
+        try:
+            sizes[key] = int(text)
+        except ValueError:
+            raise UsageError(f"judge file {path}: metadata {key!r} is {text!r}, not an integer: {fix}") from None
+        if sizes[key] < 1:
+            raise UsageError(f"judge file {path}: metadata {key!r} is {sizes[key]}, it must be >= 1: {fix}")
     try:
-        judge.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise UsageError(f"{path} does not match the DigitJudge architecture: re-save it with save_judge()") from e
+        with torch.device("meta"):  # the expected shapes, without allocating what the metadata claims
+            expected = DigitJudge(**sizes).state_dict()
+    except UsageError as err:
+        raise UsageError(f"judge file {path}: {err}; {fix}") from None
+    check_state_dict(state, expected, source=f"judge file {path}")
+    judge = DigitJudge(**sizes)
+    judge.load_state_dict(state, strict=True)
     return judge.to(device).eval()
 
 

@@ -44,6 +44,7 @@ from trainlab.demo.judge import (
     train_judge,
 )
 from trainlab.engine.loop import Trainer
+from trainlab.errors import check_output_path
 from trainlab.evaluate.fid import fid_from_features
 from trainlab.evaluate.psnr import psnr
 from trainlab.models.var.sample import sample_images
@@ -196,6 +197,7 @@ def _sample(var: VAR, vqvae: VQVAE, demo: DemoConfig, batch_size: int = 100) -> 
 def run_demo(demo: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; returns the report (also written to run_dir/report.json and report.md)."""
     demo.validate()
+    check_output_path("--run-dir", demo.run_dir, is_dir=True)  # before minutes of training, not after
     if demo.threads:
         torch.set_num_threads(demo.threads)
     start = time.perf_counter()

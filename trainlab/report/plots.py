@@ -20,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 
 from trainlab.errors import UsageError
 from trainlab.report.runs import RunData, is_number, load_run
-from trainlab.report.tables import MIB, mean_std
+from trainlab.report.tables import MIB, mean_std, timing_note
 
 DPI = 120
 MARKERS_UP_TO = 60  # curves with at most this many points show each point (a 1-point "line" is otherwise invisible)
@@ -65,7 +65,16 @@ def _mean_band(xs: list[np.ndarray], ys: list[np.ndarray]) -> tuple[np.ndarray, 
 def _tail_inset(
     ax: Axes, lines: list[tuple[np.ndarray, np.ndarray, str]], x_from: float, *, log_y: bool, upper: bool
 ) -> None:
-    """Zoomed inset (upper or lower right) over x >= x_from, y-limits fitted to the data shown."""
+    """Zoomed inset (upper or lower right) over x >= x_from, y-limits fitted to the data shown.
+
+    The tail always holds at least the last two logged x values (a one-point tail draws nothing: a line needs two
+    points), and curves with few points show markers, as on the main axes. No inset when there are fewer than three
+    x values in all: the zoom would be the whole curve.
+    """
+    distinct = np.unique(np.concatenate([x for x, _, _ in lines])) if lines else np.empty(0)
+    if len(distinct) < 3:
+        return
+    x_from = min(x_from, float(distinct[-2]))
     visible = [(x[x >= x_from], y[x >= x_from], color) for x, y, color in lines]
     visible = [(x, y, c) for x, y, c in visible if len(x)]
     values = np.concatenate([y for _, y, _ in visible]) if visible else np.empty(0)
@@ -80,14 +89,16 @@ def _tail_inset(
         return  # a flat tail, or one already spread over half the axis: a zoom would show nothing new
     inset = ax.inset_axes((0.52, 0.5 if upper else 0.1, 0.45, 0.38))
     for x, y, color in visible:
-        inset.plot(x, y, color=color, linewidth=1.0)
+        inset.plot(x, y, color=color, linewidth=1.0, **_marker(len(x)))
     if log_y:
         inset.set_yscale("log")
         inset.set_ylim(lo / 1.15, hi * 1.15)
     else:
         pad = max(hi - lo, 1e-3 * max(abs(hi), 1.0)) * 0.1
         inset.set_ylim(lo - pad, hi + pad)
-    inset.set_xlim(x_from, max(float(x.max()) for x, _, _ in visible))
+    x_to = max(float(x.max()) for x, _, _ in visible)
+    x_pad = 0.04 * (x_to - x_from)  # markers at the edges stay whole
+    inset.set_xlim(x_from - x_pad, x_to + x_pad)
     inset.tick_params(labelsize=7)
     inset.grid(True, alpha=0.3)
     inset.set_title("zoom: tail", fontsize=8)
@@ -334,6 +345,11 @@ def _plot_accuracy_comparison(groups: dict[str, list[RunData]], colors: dict[str
     return _save(fig, out_dir, "accuracy_vs_epoch.png" if attr == "accuracy" else "eval_vs_epoch.png")
 
 
+def _timing_note(groups: dict[str, list[RunData]]) -> str:
+    """What the per-epoch times cover: whether the runs' first (warm-up) epoch is in them."""
+    return timing_note([r.summary.get("first_epoch_timed") for runs in groups.values() for r in runs])
+
+
 def _values(runs: list[RunData], key: str) -> list[float]:
     return [float(r.summary[key]) for r in runs if is_number(r.summary.get(key))]
 
@@ -370,7 +386,7 @@ def _plot_summary_bars(
     else:
         title, ylabel, scale, fmt = (
             "Training time per epoch",
-            "train time per epoch (s, first epoch excluded)",
+            f"train time per epoch (s, {_timing_note(groups)})",
             1.0,
             "{:.2f}",
         )
@@ -390,9 +406,14 @@ def _plot_summary_bars(
         x = i - width / 2 if has_reserved else i
         ax.bar(x, mean, width, yerr=std, capsize=4, color=colors[label], label=label + _seed_note(groups[label]))
         timed = _values(groups[label], "epochs_timed") if key == "seconds_per_epoch" else []
-        n_note = f"\nn={int(min(timed))}" + (f"-{int(max(timed))}" if max(timed) != min(timed) else "") if timed else ""
+        n_note = ""
+        if timed:
+            n_note = f"\nn={int(min(timed))}" + (f"-{int(max(timed))}" if max(timed) != min(timed) else "")
+            n_note += " epoch" + ("" if max(timed) == 1 else "s")
+            if any(r.summary.get("first_epoch_timed") is True for r in groups[label]):
+                n_note += " (the first)"  # a one-epoch run: its only epoch, warm-up included
         ax.annotate(
-            fmt.format(mean) + n_note + (" epoch" + ("" if max(timed, default=0) == 1 else "s") if timed else ""),
+            fmt.format(mean) + n_note,
             (x, mean + (std or 0.0)),
             ha="center",
             va="bottom",
@@ -427,8 +448,8 @@ def _plot_accuracy_vs_time(groups: dict[str, list[RunData]], colors: dict[str, s
     if not any(is_number(r.summary.get(key)) for r in everything):  # VAR, tokenizer: their tracked metric
         names = sorted({r.eval_metric for r in everything if r.eval_metric})
         key, scale, ylabel = "final_eval", 1.0, "final " + (" / ".join(names) or "evaluation metric")
-    fig, ax = _new_figure(f"{ylabel[0].upper()}{ylabel[1:]} vs training time", "train time per epoch (s, first "
-                          "epoch excluded)", ylabel)  # fmt: skip
+    fig, ax = _new_figure(f"{ylabel[0].upper()}{ylabel[1:]} vs training time", "train time per epoch (s, "
+                          f"{_timing_note(groups)})", ylabel)  # fmt: skip
     all_accuracies: list[float] = []
     for label, runs in groups.items():
         points = [

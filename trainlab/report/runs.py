@@ -11,7 +11,12 @@ here), "step" (optimizer step) and "epoch", plus numeric metrics. Conventions th
 - the training loss is "loss", or "<phase>/loss" for recipes with several optimizers (the tokenizer's
   "generator/loss" and "discriminator/loss"): the first is the run's main loss;
 - the evaluation metric that describes a run is the one its recipe tracks for `best.pt` (the summary row's
-  "best_<metric>"), else the test accuracy, else the first numeric evaluation metric.
+  "best_<metric>"), else the test accuracy, else the first numeric evaluation metric;
+- the summary's `seconds_per_epoch` averages the full epochs the last process trained, without its first one when
+  it trained more than one (warm-up); `first_epoch_timed` says which case a run is in (see `first_epoch_timed`).
+
+A file that is not UTF-8 text, not readable or not what it should be is a `UsageError` naming it, so a command can
+skip that run with a warning and report the others.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise UsageError(f"no metrics.jsonl in {run_dir}; pass a run directory written by `trainlab train`")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = _read_text(path).splitlines()
     last_content = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     rows: list[dict[str, Any]] = []
     for i, line in enumerate(lines):
@@ -97,6 +102,18 @@ def find_run_dirs(root: str | Path) -> list[Path]:
 _RUN_SUBDIRS = {"tb", "ckpt", "wandb", "plots", "report", "__pycache__"}
 
 
+def _read_text(path: Path) -> str:
+    """The text of a run file, or a one-line UsageError naming it (binary or non-UTF-8 content, unreadable)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"{path} is not UTF-8 text (byte {e.start} of {len(e.object)}): the file is damaged; restore or delete it"
+        ) from None
+    except OSError as e:
+        raise UsageError(f"{path} cannot be read ({first_line(e)})") from None
+
+
 def read_header(run_dir: str | Path) -> dict[str, str]:
     """The provenance comments at the top of `<run_dir>/config.yaml` (`# recipe: var`, `# command: ...`)."""
     path = Path(run_dir) / "config.yaml"
@@ -120,9 +137,10 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return {}
+    text = _read_text(path)
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
+        config = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as e:
         raise UsageError(f"{path} is not valid YAML ({type(e).__name__}); fix or delete it") from None
     if config is None:
         return {}
@@ -170,6 +188,43 @@ def _eval_metric(evals: list[dict[str, Any]], summary: dict[str, Any]) -> str | 
     return (accuracy or numeric)[0] if accuracy or numeric else None
 
 
+def first_epoch_timed(rows: Sequence[dict[str, Any]], config: dict[str, Any]) -> bool | None:
+    """Whether the last summary's `seconds_per_epoch` includes the first epoch its process trained (None: unknown).
+
+    The engine times the full epochs of a process and leaves out the first when there are several (warm-up: data
+    loader start, allocator growth); with one full epoch that epoch is all there is. `epochs_timed` >= 2 therefore
+    means excluded; with 1, the process's full epochs are counted from its "start" event (step, epoch, total_steps)
+    to the summary: a process that resumed mid-epoch trained that epoch partly, which is never timed.
+    """
+    last = max((i for i, row in enumerate(rows) if row.get("kind") == "summary"), default=None)
+    if last is None:
+        return None
+    summary = rows[last]
+    if isinstance(summary.get("first_epoch_timed"), bool):  # recorded by the engine itself
+        return bool(summary["first_epoch_timed"])
+    timed = summary.get("epochs_timed")
+    if not isinstance(timed, (int, float)) or timed < 1:
+        return None
+    if timed >= 2:
+        return False
+    start = next(
+        (row for row in reversed(rows[:last]) if row.get("kind") == "event" and row.get("event") == "start"), None
+    )
+    epochs = config.get("epochs")
+    if start is None or not isinstance(epochs, int) or epochs < 1:
+        return None
+    numbers = [start.get("step"), start.get("epoch"), start.get("total_steps"), summary.get("epoch")]
+    if not all(isinstance(n, int) for n in numbers):
+        return None
+    start_step, start_epoch, total_steps, end_epoch = (int(n) for n in numbers if isinstance(n, int))
+    steps_per_epoch = total_steps // epochs
+    if steps_per_epoch < 1:
+        return None
+    partial_first = start_step > start_epoch * steps_per_epoch
+    full_epochs = end_epoch - start_epoch - (1 if partial_first and end_epoch > start_epoch else 0)
+    return full_epochs <= 1
+
+
 @dataclass
 class RunData:
     """What the plots and tables need from one run directory."""
@@ -202,6 +257,7 @@ def load_run(run_dir: str | Path) -> RunData:
     evals = [{**r, "_x": r["epoch"]} for r in latest_rows(rows, "eval", "epoch")]
     summaries = [r for r in rows if r["kind"] == "summary"]
     summary = dict(summaries[-1]) if summaries else {}
+    summary["first_epoch_timed"] = first_epoch_timed(rows, config)
     keys = loss_keys(train)
     loss_series = {key: _series(train, key) for key in keys}
     loss_name = keys[0] if keys else "loss"
@@ -262,7 +318,8 @@ def summarize_run(run_dir: str | Path, label: str | None = None) -> dict[str, An
         A dict with keys: label, run_dir, recipe, model, precision, seed, final_test_accuracy, best_test_accuracy
         (fractions), eval_metric, final_eval, best_eval (the run's tracked evaluation metric), final_train_loss (the
         main loss at the last logged step), final_train_loss_step, peak_memory_bytes, memory_kind,
-        cuda_max_reserved_bytes, seconds_per_epoch, epochs_timed, images_per_second (None where the run did not
+        cuda_max_reserved_bytes, seconds_per_epoch, epochs_timed, first_epoch_timed (whether the timing includes
+        the first epoch: a one-epoch run; see `first_epoch_timed`), images_per_second (None where the run did not
         record it).
     """
     return _summary_row(load_run(run_dir), label)
@@ -290,6 +347,7 @@ def _summary_row(run: RunData, label: str | None) -> dict[str, Any]:
         "cpu_peak_rss_growth_bytes": s.get("cpu_peak_rss_growth_bytes"),
         "seconds_per_epoch": s.get("seconds_per_epoch"),
         "epochs_timed": s.get("epochs_timed"),
+        "first_epoch_timed": s.get("first_epoch_timed"),
         "images_per_second": s.get("images_per_second"),
     }
 

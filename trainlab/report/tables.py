@@ -24,6 +24,22 @@ def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
     return mean, (float(np.std(values, ddof=1)) if len(values) > 1 else None)
 
 
+def timing_note(first_epoch_timed: Sequence[bool | None]) -> str:
+    """How per-epoch times were measured, for a label: whether they leave out the first (warm-up) epoch.
+
+    Args:
+        first_epoch_timed: per run, whether its timing includes its first epoch (a one-epoch run), None if unknown.
+    """
+    known = [flag for flag in first_epoch_timed if flag is not None]
+    if known and all(known) and len(known) == len(first_epoch_timed):
+        return "first epoch included: one epoch per run"
+    if known and not any(known) and len(known) == len(first_epoch_timed):
+        return "first epoch excluded"
+    if any(known):
+        return "first epoch excluded, except in runs of one epoch"
+    return "first epoch excluded when a run trained more than one"
+
+
 def _fmt(values: Sequence[float], fmt: str, n_runs: int) -> str:
     if not values:
         return "n/a"
@@ -50,7 +66,8 @@ def _timed_note(group: list[dict[str, Any]], cell: str) -> str:
     if not timed or cell == "n/a":
         return ""
     n = str(timed[0]) if len(timed) == 1 else f"{timed[0]}-{timed[-1]}"
-    return f" (n={n} epoch{'' if timed == [1] else 's'})"
+    first = " incl. the first" if any(r.get("first_epoch_timed") is True for r in group) else ""
+    return f" (n={n} epoch{'' if timed == [1] else 's'}{first})"
 
 
 def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path) -> None:
@@ -146,8 +163,8 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
         "Final = test accuracy (or the recipe's tracked evaluation metric) after the last epoch. Best = the best "
         "over epochs, i.e. selected on the evaluation set (optimistic; shown only for comparison with tables that "
         "report it). Final train loss = the training loss at the last logged step (its step in brackets). "
-        "mean ± sample std (ddof=1) over seeds. s/epoch and images/s time the training loop only and exclude the "
-        "first epoch; n = the number of epochs timed.",
+        "mean ± sample std (ddof=1) over seeds. s/epoch and images/s time the training loop only ("
+        f"{timing_note([r.get('first_epoch_timed') for r in rows])}); n = the number of epochs timed.",
     ]
     md_path, csv_path = Path(md_path), Path(csv_path)
     md_path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from trainlab.models.moco.builder import (
     momentum_update_,
 )
 from trainlab.models.moco.official import (
+    build_moco,
     export_official,
     infer_arch,
     load_official,
@@ -28,6 +29,7 @@ __all__ = [
     "MocoArch",
     "backbone_features",
     "build_mlp",
+    "build_moco",
     "contrastive_loss",
     "cosine_momentum",
     "export_official",

@@ -20,8 +20,19 @@ from trainlab.errors import UsageError
 from trainlab.models.moco.builder import MoCo, MocoArch
 from trainlab.models.moco.resnet import _DEBUG_WIDTHS
 from trainlab.models.moco.vit import VIT_SIZES
+from trainlab.user_files import check_state_dict, load_user_file
 
 _PREFIX = "module."
+_FIX = "pass a MoCo v3 pretraining checkpoint (main_moco.py's checkpoint_*.pth.tar or trainlab's ckpt/last.pt)"
+# The tensors the architecture is read from, with their ranks; the predictor is part of every MoCo v3 checkpoint
+# (main_moco.py saves the whole model), and its first layer gives the projection and hidden widths.
+_INFERENCE_RANKS = {
+    "predictor.0.weight": 2,
+    "base_encoder.cls_token": 3,
+    "base_encoder.pos_embed": 3,
+    "base_encoder.patch_embed.proj.weight": 4,
+    "base_encoder.conv1.weight": 4,
+}
 
 
 def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -50,13 +61,27 @@ def infer_arch(state: dict[str, torch.Tensor], where: str = "checkpoint") -> dic
             )
         sample = ", ".join(sorted(state)[:4])
         raise UsageError(f"{where} holds no MoCo v3 model (no base_encoder.* keys; first keys: {sample})")
+    for key, rank in _INFERENCE_RANKS.items():
+        value = state.get(key)
+        if value is not None and (not isinstance(value, torch.Tensor) or value.ndim != rank or 0 in value.shape):
+            seen = str(tuple(value.shape)) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+            raise UsageError(f"{where}: {key} is {seen} where MoCo v3 keeps a {rank}-d tensor; {_FIX}")
+    if "predictor.0.weight" not in state:
+        raise UsageError(
+            f"{where} lacks predictor.0.weight: it holds a base encoder but not the MoCo v3 predictor (an incomplete "
+            f"or edited file); {_FIX}"
+        )
     pred_in = state["predictor.0.weight"]
     mlp_dim, dim = int(pred_in.shape[0]), int(pred_in.shape[1])
     predictor_last_bn = "predictor.4.running_mean" in state
     if "base_encoder.cls_token" in state:
+        conv_stem = "base_encoder.patch_embed.proj.0.weight" in state
+        needed = ["base_encoder.pos_embed"] + ([] if conv_stem else ["base_encoder.patch_embed.proj.weight"])
+        absent = [key for key in needed if key not in state]
+        if absent:
+            raise UsageError(f"{where} lacks {absent[0]}, which every MoCo v3 ViT holds; {_FIX}")
         embed_dim = int(state["base_encoder.cls_token"].shape[-1])
         depth = _count_blocks(state, r"base_encoder\.blocks\.(\d+)\.")
-        conv_stem = "base_encoder.patch_embed.proj.0.weight" in state
         num_tokens = int(state["base_encoder.pos_embed"].shape[1]) - 1
         patch = 16 if conv_stem else int(state["base_encoder.patch_embed.proj.weight"].shape[-1])
         for arch, size in VIT_SIZES.items():
@@ -90,26 +115,24 @@ def infer_arch(state: dict[str, torch.Tensor], where: str = "checkpoint") -> dic
 
 def read_moco_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The MoCo state_dict (official key names) of an official or trainlab checkpoint, and what else it says
-    (`arch`, `epoch`, and for trainlab runs `config`).
+    (`arch`, `epoch`, and for trainlab runs `config`: the recipe settings it was trained with).
 
     Raises:
         UsageError: missing or unreadable file, or a checkpoint that holds no MoCo model.
     """
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"checkpoint {path} not found")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise UsageError(f"cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
+    ckpt = load_user_file(path, "checkpoint", fix=_FIX)
     if not isinstance(ckpt, dict):
-        raise UsageError(f"{path} is not a checkpoint (a {type(ckpt).__name__}, expected a dict)")
+        raise UsageError(f"{path} is not a checkpoint (a {type(ckpt).__name__}, expected a dict); {_FIX}")
     extra: dict[str, Any] = {}
+    state: Any
     if ckpt.get("format") == "trainlab-checkpoint":
-        if "moco" not in ckpt.get("models", {}):
+        models = ckpt.get("models")
+        if not isinstance(models, dict) or "moco" not in models:
             raise UsageError(f"{path} is a trainlab checkpoint of recipe {ckpt.get('recipe')!r}, not of 'moco'")
-        state = ckpt["models"]["moco"]
-        extra = {"config": ckpt.get("config", {}), "epoch": ckpt.get("epoch"), "arch": ckpt["config"].get("arch")}
+        state = models["moco"]
+        config: dict[str, Any] = ckpt["config"] if isinstance(ckpt.get("config"), dict) else {}
+        extra = {"config": config, "epoch": ckpt.get("epoch"), "arch": config.get("arch")}
     elif "state_dict" in ckpt:
         if "best_acc1" in ckpt:
             raise UsageError(
@@ -121,12 +144,40 @@ def read_moco_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
         extra = {"arch": ckpt.get("arch"), "epoch": ckpt.get("epoch")}
     else:
         state = ckpt  # a bare state_dict, e.g. from export_official
-    if not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UsageError(f"{path}: its state_dict holds values that are not tensors")
+    if not isinstance(state, dict) or not state:
+        raise UsageError(
+            f"{path}: its state_dict is {type(state).__name__}, not a non-empty name -> tensor dict; {_FIX}"
+        )
+    if not all(isinstance(key, str) and isinstance(v, torch.Tensor) for key, v in state.items()):
+        raise UsageError(f"{path}: its state_dict holds values that are not tensors; {_FIX}")
     return _strip_prefix(state), extra
 
 
-def load_official(path: str | Path, *, temperature: float) -> MoCo:
+def build_moco(
+    state: dict[str, torch.Tensor], *, where: str, temperature: float = 1.0, stop_grad_conv1: bool = False
+) -> MoCo:
+    """A `MoCo` model of the architecture `state` describes, with its weights (checked: keys, shapes, dtypes and
+    finite values, before anything is loaded).
+
+    Raises:
+        UsageError: an unknown architecture, weights that do not fit it, or `stop_grad_conv1` for a model without a
+            linear patch projection.
+    """
+    kwargs = infer_arch(state, where=where)
+    if stop_grad_conv1 and not (kwargs["arch"].startswith("vit") and "base_encoder.patch_embed.proj.weight" in state):
+        raise UsageError(
+            f"stop_grad_conv1 freezes a ViT's linear patch projection, but {where} is a {kwargs['arch']} without one "
+            "(the official code applies --stop-grad-conv1 to those ViTs only); leave it False"
+        )
+    with torch.device("meta"):  # the expected keys and shapes, before anything is allocated
+        expected = MoCo(temperature=temperature, stop_grad_conv1=stop_grad_conv1, **kwargs).state_dict()
+    check_state_dict(state, expected, source=where)
+    model = MoCo(temperature=temperature, stop_grad_conv1=stop_grad_conv1, **kwargs)
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def load_official(path: str | Path, *, temperature: float, stop_grad_conv1: bool = False) -> MoCo:
     """A `MoCo` model with the weights of an official main_moco.py checkpoint (or a trainlab MoCo checkpoint).
 
     `model(x1, x2, m)` then returns the official `forward(x1, x2, m)` loss in one process.
@@ -134,20 +185,16 @@ def load_official(path: str | Path, *, temperature: float) -> MoCo:
     Args:
         path: the checkpoint (loaded with `weights_only=True`).
         temperature: the run's `--moco-t` (not stored by the official code; 1.0 for ResNet, 0.2 for ViT).
+        stop_grad_conv1: the run's `--stop-grad-conv1` (not stored either; the official ViT recipes train with it):
+            True keeps the ViT's patch projection frozen (`requires_grad=False` on its weight and bias, in both
+            encoders) when training goes on from this checkpoint. Only for ViTs with a linear patch projection.
 
     Raises:
-        UsageError: unreadable file, a linear-probe checkpoint, or an unknown architecture.
+        UsageError: unreadable file, a linear-probe checkpoint, an unknown architecture, weights that do not fit it
+            (missing predictor, wrong shapes or dtypes, NaN / inf), or `stop_grad_conv1` for a ResNet / conv-stem ViT.
     """
     state, _ = read_moco_state(path)
-    kwargs = infer_arch(state, where=str(path))
-    model = MoCo(temperature=temperature, **kwargs)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise UsageError(
-            f"{path}: keys do not match a {kwargs['arch']} MoCo model (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]})"
-        )
-    return model
+    return build_moco(state, where=str(path), temperature=temperature, stop_grad_conv1=stop_grad_conv1)
 
 
 def export_official(model: MoCo) -> dict[str, torch.Tensor]:

@@ -24,6 +24,7 @@ from torch import nn
 from trainlab.errors import UsageError
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
+from trainlab.user_files import check_state_dict, load_user_file
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +35,42 @@ _VQVAE_KEYS = ("encoder.conv_in.weight", "decoder.conv_out.weight", "quantize.em
 _SUFFIXES = (".pth", ".pt", ".safetensors")
 VAR_EXPORT_PTH = "var_export.pth"  # what `trainlab train var` writes into its run directory
 VAR_EXPORT_SAFETENSORS = "var_export.safetensors"
+_OFFICIAL_FILES = "huggingface.co/FoundationVision/var"
+
+# The tensors the architecture is inferred from, with the rank each must have (key pattern -> rank): checked before
+# any shape is unpacked, so a malformed file is one line, not an unpacking error inside the inference.
+_VAR_INFERENCE_RANKS = {
+    r"word_embed\.weight": 2,
+    r"class_emb\.weight": 2,
+    r"head\.weight": 2,
+    r"lvl_1L": 2,
+    r"blocks\.\d+\.attn\.scale_mul_1H11": 4,
+    r"blocks\.\d+\.ffn\.fc1\.weight": 2,
+}
+_VQVAE_INFERENCE_RANKS = {
+    r"encoder\.conv_in\.weight": 4,
+    r"encoder\.down\.\d+\.block\.\d+\.conv1\.weight": 4,
+    r"quantize\.embedding\.weight": 2,
+    r"quantize\.ema_vocab_hit_SV": 2,
+    r"quantize\.quant_resi\.qresi_ls\.\d+\.weight": 4,
+}
+NEG_INF_BUFFERS = ("attn_bias_for_masking",)  # VAR's block-causal mask: -inf by design, constant per patch_nums
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"[:160]
+def _check_inference_keys(state_dict: Mapping[str, Any], ranks: Mapping[str, int], source: str) -> None:
+    """Refuse a tensor the architecture is inferred from when its rank is not the model's or a side is 0."""
+    for key, value in state_dict.items():
+        rank = next((r for pattern, r in ranks.items() if re.fullmatch(pattern, key)), None)
+        if rank is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise UsageError(f"{source}: {key} holds a {type(value).__name__}, not a tensor; pass a weights file")
+        if value.ndim != rank or 0 in value.shape:
+            shape = tuple(int(side) for side in value.shape)
+            raise UsageError(
+                f"{source}: {key} has shape {shape} where the model keeps a {rank}-d tensor with no empty side: a "
+                "damaged or foreign file; pass the original weights"
+            )
 
 
 def read_state_dict(path: str | os.PathLike[str], what: str) -> dict[str, torch.Tensor]:
@@ -51,26 +83,11 @@ def read_state_dict(path: str | os.PathLike[str], what: str) -> dict[str, torch.
         UsageError: missing, unreadable, or not a state_dict.
     """
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{what} checkpoint not found: {path} (official files: huggingface.co/FoundationVision/var)")
-    if path.suffix not in _SUFFIXES:
+    if path.suffix not in _SUFFIXES and path.is_file():
         raise UsageError(f"{what} checkpoint {path} must end in .pth, .pt or .safetensors")
-    obj: Any
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            obj = load_file(str(path), device="cpu")
-        else:
-            try:
-                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError:  # legacy (non-zip) files cannot be memory-mapped
-                obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # any read failure is about the user's file: report it in one line
-        raise UsageError(
-            f"cannot read {what} checkpoint {path}: not a complete PyTorch or safetensors weights file "
-            f"({type(err).__name__}); download it again"
-        ) from err
+    obj = load_user_file(
+        path, f"{what} checkpoint", fix=f"pass a complete weights file (official files: {_OFFICIAL_FILES})"
+    )
     if isinstance(obj, Mapping) and isinstance(obj.get("trainer"), Mapping):
         obj = obj["trainer"].get("var_wo_ddp" if what == "VAR" else "vae_local", obj)
     if isinstance(obj, Mapping) and obj.get("format") == "trainlab-checkpoint":  # ckpt/last.pt of a trainlab run
@@ -95,7 +112,9 @@ def _check_kind(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike[
         raise UsageError(f"{path} is not a VQVAE checkpoint ({hint}); --vae expects vae_ch160v4096z32.pth")
 
 
-def infer_var_config(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int] | None = None) -> VARConfig:
+def infer_var_config(
+    state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int] | None = None, *, source: str = "the state_dict"
+) -> VARConfig:
     """Infer the VAR architecture from an official-format state_dict.
 
     depth, width, heads, MLP ratio, shared AdaLN, cosine attention, classes, vocab and code width come from the
@@ -105,7 +124,8 @@ def infer_var_config(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequenc
     Raises:
         UsageError: not a VAR state_dict, or shapes that match no VAR configuration.
     """
-    _check_kind(state_dict, "the state_dict", "VAR")
+    _check_kind(state_dict, source, "VAR")
+    _check_inference_keys(state_dict, _VAR_INFERENCE_RANKS, source)
     depth = 1 + max(int(m.group(1)) for k in state_dict if (m := re.match(r"blocks\.(\d+)\.", k)))
     C, Cv = (int(s) for s in state_dict["word_embed.weight"].shape)
     scale_key = "blocks.0.attn.scale_mul_1H11"
@@ -116,11 +136,11 @@ def infer_var_config(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequenc
     lvl_1L = state_dict.get("lvl_1L")
     if patch_nums is None:
         if lvl_1L is None or lvl_1L.ndim != 2 or lvl_1L.is_floating_point():
-            raise UsageError("cannot infer patch_nums (the VAR checkpoint has no int lvl_1L buffer); pass patch_nums")
+            raise UsageError(f"cannot infer patch_nums ({source} has no int lvl_1L buffer); pass patch_nums")
         counts = Counter(int(v) for v in lvl_1L.flatten().tolist())
         sides = [math.isqrt(counts.get(si, 0)) for si in range(len(counts))]
         if any(s * s != counts.get(si, -1) or s == 0 for si, s in enumerate(sides)):
-            raise UsageError(f"VAR checkpoint lvl_1L does not describe square token maps ({dict(counts)})")
+            raise UsageError(f"{source}: lvl_1L does not describe square token maps ({dict(counts)})")
         patch_nums = sides
     try:
         cfg = VARConfig(
@@ -136,12 +156,16 @@ def infer_var_config(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequenc
             vae_embed_dim=Cv,
         )
     except UsageError as err:
-        raise UsageError(f"VAR checkpoint shapes match no known configuration: {err}") from err
+        raise UsageError(f"{source}: its shapes match no known configuration: {err}") from None
     return cfg
 
 
 def build_var(
-    state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int] | None = None, *, skip_init: bool | None = None
+    state_dict: Mapping[str, torch.Tensor],
+    patch_nums: Sequence[int] | None = None,
+    *,
+    skip_init: bool | None = None,
+    source: str = "the VAR checkpoint",
 ) -> VAR:
     """Build a VAR whose architecture is inferred from `state_dict` and load it strictly (floating tensors cast to
     float32). Returned in training mode, like any new module.
@@ -152,26 +176,45 @@ def build_var(
         skip_init: build on the meta device and adopt the checkpoint tensors, so no random init is computed (worth
             it for real sizes: initialising d16 on a CPU takes seconds; the meta path costs a one-off import of
             torch._dynamo instead). None: only above 50 M checkpoint elements.
+        source: the file, as error messages name it.
+
+    Raises:
+        UsageError: keys, shapes, dtypes or values (NaN / inf) that do not fit the inferred architecture.
     """
-    cfg = infer_var_config(state_dict, patch_nums)
+    cfg = infer_var_config(state_dict, patch_nums, source=source)
     if skip_init is None:
         skip_init = sum(v.numel() for v in state_dict.values()) > 50_000_000
     with torch.device("meta") if skip_init else contextlib.nullcontext():
         model = VAR(cfg)
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    wrong = [
-        f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})"
-        for k, v in state_dict.items()
-        if k in expected and v.shape != expected[k].shape
-    ]
-    if missing or unexpected or wrong:
-        first = f"shape of {wrong[0]}" if wrong else f"missing {missing[0]}" if missing else f"extra {unexpected[0]}"
-        count = len(wrong) + len(missing) + len(unexpected)
-        raise UsageError(f"VAR checkpoint shapes match no known configuration: {first} ({count} mismatching keys)")
+    check_state_dict(state_dict, model.state_dict(), source=source, neg_inf_ok=NEG_INF_BUFFERS)
     tensors = {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
     model.load_state_dict(tensors, strict=True, assign=True)
+    return model
+
+
+def _vqvae_expected(model: VQVAE, state_dict: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The VQVAE's state dict as a file for it may hold it: `VQVAE.load_state_dict` keeps its own
+    `quantize.ema_vocab_hit_SV` when the file's has another number of scales (rows) of the same vocabulary (the
+    official behaviour: a tokenizer serves several patch_nums sets), so that buffer is expected at the file's
+    shape."""
+    expected = dict(model.state_dict())
+    key, own = "quantize.ema_vocab_hit_SV", model.quantize.ema_vocab_hit_SV
+    theirs = state_dict.get(key)
+    if isinstance(theirs, torch.Tensor) and theirs.ndim == 2 and theirs.shape[1:] == own.shape[1:]:
+        expected[key] = torch.empty(theirs.shape, dtype=own.dtype, device="meta")
+    return expected
+
+
+def build_vqvae(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int], *, source: str) -> VQVAE:
+    """Build a VQVAE whose architecture is inferred from `state_dict` and load it strictly (in training mode).
+
+    Raises:
+        UsageError: keys, shapes, dtypes or values (NaN / inf) that do not fit the inferred architecture.
+    """
+    _check_inference_keys(state_dict, _VQVAE_INFERENCE_RANKS, source)
+    model = VQVAE(infer_vqvae_config(state_dict, patch_nums))
+    check_state_dict(state_dict, _vqvae_expected(model, state_dict), source=source)
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}, strict=True)
     return model
 
 
@@ -193,18 +236,17 @@ def load_official(
     vae_sd = read_state_dict(vae_path, "VQVAE")
     _check_kind(var_sd, var_path, "VAR")
     _check_kind(vae_sd, vae_path, "VQVAE")
-    var = build_var(var_sd, patch_nums)
+    var = build_var(var_sd, patch_nums, source=f"VAR checkpoint {var_path}")
+    _check_inference_keys(vae_sd, _VQVAE_INFERENCE_RANKS, f"VQVAE checkpoint {vae_path}")
     vae_cfg = infer_vqvae_config(vae_sd, var.patch_nums)
     if (vae_cfg.vocab_size, vae_cfg.z_channels) != (var.vocab_size, var.cfg.vae_embed_dim):
         raise UsageError(
             f"VQVAE {vae_path} (V={vae_cfg.vocab_size}, Cv={vae_cfg.z_channels}) does not fit VAR {var_path} "
             f"(V={var.vocab_size}, Cv={var.cfg.vae_embed_dim}); use the tokenizer the VAR was trained with"
         )
-    vae = VQVAE(vae_cfg)  # not on the meta device: for the 109 M-parameter VQVAE its torch._dynamo import costs more
-    try:  # than the init it saves (1.2 s against 0.7 s for build + load, measured on the 2-core CPU)
-        vae.load_state_dict(vae_sd, strict=True)
-    except RuntimeError as err:
-        raise UsageError(f"VQVAE checkpoint {vae_path} matches no known configuration ({_first_line(err)})") from err
+    # not on the meta device: for the 109 M-parameter VQVAE its torch._dynamo import costs more than the init it
+    # saves (1.2 s against 0.7 s for build + load, measured on the 2-core CPU)
+    vae = build_vqvae(vae_sd, var.patch_nums, source=f"VQVAE checkpoint {vae_path}")
     return vae.freeze(), var.eval()
 
 
@@ -265,15 +307,21 @@ def load_tokenizer(path: str, preset: str, patch_nums: Sequence[int], *, seed: i
         return model.freeze()
     state = read_state_dict(path, "VQVAE")
     _check_kind(state, path, "VQVAE")
-    vq_cfg = infer_vqvae_config(state, patch_nums) if preset == "auto" else VQVAEConfig.preset(preset, patch_nums)
+    source = f"tokenizer weights {path}"
+    if preset == "auto":
+        _check_inference_keys(state, _VQVAE_INFERENCE_RANKS, source)
+        vq_cfg = infer_vqvae_config(state, patch_nums)
+    else:
+        vq_cfg = VQVAEConfig.preset(preset, patch_nums)
     model = VQVAE(vq_cfg)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        first = str(err).splitlines()[0][:200]
+    expected = _vqvae_expected(model, state)
+    if set(state) != set(expected) or any(tuple(state[k].shape) != tuple(v.shape) for k, v in expected.items()):
         raise UsageError(
-            f"tokenizer weights {path} do not fit --tokenizer-config {preset} ({first}); try --tokenizer-config auto"
-        ) from None
+            f"tokenizer weights {path} do not fit --tokenizer-config {preset} (other keys or shapes); try "
+            "--tokenizer-config auto"
+        )
+    check_state_dict(state, expected, source=source)  # dtypes and finite values
+    model.load_state_dict(state)
     log.info("tokenizer: %s (%s, V=%d, Cv=%d, ch=%d)", path, preset, vq_cfg.vocab_size, vq_cfg.z_channels, vq_cfg.ch)
     return model.freeze()
 
@@ -283,17 +331,17 @@ def load_official_into_(var: VAR, path: Path) -> None:
     naming the `trainlab train var` flag to change)."""
 
     state = read_state_dict(path, "VAR")
-    found = infer_var_config(state, var.cfg.patch_nums)
+    found = infer_var_config(state, var.cfg.patch_nums, source=f"--init-from {path}")
     for field in ("depth", "embed_dim", "num_heads", "shared_adaln", "num_classes", "vocab_size", "vae_embed_dim"):
         have, want = getattr(found, field), getattr(var.cfg, field)
         if have != want:
             flag = "--" + field.replace("_", "-")
             raise UsageError(f"--init-from {path} has {field}={have} but this run builds {want}; set {flag} {have}")
     try:
-        var.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0][:200]
-        raise UsageError(f"--init-from {path} does not fit the model ({first}); check --patch-nums") from None
+        check_state_dict(state, var.state_dict(), source=f"--init-from {path}", neg_inf_ok=NEG_INF_BUFFERS)
+    except UsageError as err:
+        raise UsageError(f"{err} (check --patch-nums)") from None
+    var.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
     log.info("initialised VAR from %s (strict load)", path)
 
 

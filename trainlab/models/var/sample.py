@@ -213,7 +213,10 @@ def generate(
         tokens: list[torch.Tensor] = []
         for si, pn in enumerate(var.patch_nums):
             ratio = si / (K - 1) if K > 1 else 0.0
-            logits_BlV = var.guided_logits(var.forward_cached(x_BlC, cond_BD), cond_BD, cfg * ratio)
+            h_BlC = var.forward_cached(x_BlC, cond_BD)
+            logits_BlV = var.guided_logits(h_BlC, cond_BD, cfg * ratio)
+            if not bool(torch.isfinite(logits_BlV).all()):  # NaN would reach the draw: stop with the cause instead
+                raise UsageError(_non_finite_logits(var, h_BlC, cond_BD, cfg, ratio, si))
             if logits_hook is not None:
                 logits_hook(si, logits_BlV)
             idx_Bl, filtered_BlV = sample_scale(
@@ -237,7 +240,25 @@ def generate(
     finally:
         var.disable_kv_cache()
         var.train(was_training)
+    if not bool(torch.isfinite(f_hat_BChw).all()):
+        raise UsageError(
+            "the sampled image features hold NaN or inf (the tokenizer's codebook or phi convolutions compute "
+            "non-finite values): check the VQVAE weights"
+        )
     return Samples(tokens=tokens, f_hat=f_hat_BChw)
+
+
+def _non_finite_logits(var: VAR, h_BlC: torch.Tensor, cond_BD: torch.Tensor, cfg: float, ratio: float, si: int) -> str:
+    """Why scale si's guided logits are not finite: the guidance mix overflowed (each half is finite on its own), or
+    the model itself computes NaN / inf (damaged weights)."""
+    where = f"at scale {si + 1} of {len(var.patch_nums)}"
+    unguided_BlV = var.head(var.head_nm(h_BlC.float(), cond_BD).float())  # conditional and unconditional rows
+    if bool(torch.isfinite(unguided_BlV).all()):
+        return (
+            f"classifier-free guidance {cfg:g} makes the logits overflow {where} (t = {cfg * ratio:g}; the conditional "
+            "and unconditional logits are finite on their own): lower the guidance scale (cfg)"
+        )
+    return f"the model computes NaN or inf logits {where} (damaged or diverged weights): check the VAR weights"
 
 
 def sample_tokens(
