@@ -17,6 +17,12 @@ field says `allow_inf=True`) and fit a float32; every `int` a signed 64-bit inte
 and flags go through, refuses anything else with a one-line UsageError naming the flag, the range and the value
 (`--dropout must be in [0, 1), got 1.5`) before `validate()` runs, and `--help` shows the range after the default.
 `validate()` is left with the rules that tie several fields together.
+
+Renamed settings keep their old spelling for one release: `option(..., deprecated=("--old-flag",))` accepts the old
+flag (hidden from `--help`) and the old YAML key, and `deprecated_values={"old": "new"}` an old value of a Literal
+field; each use prints one warning naming the new spelling. Flags users bring from other libraries (`--lr`,
+`--mixed-precision bf16`, `--output-dir`, ...) are answered with "did you mean" naming the trainlab flag
+(`FOREIGN_FLAGS`), never silently reinterpreted.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import logging
 import math
 import reprlib
 import types
@@ -38,6 +45,7 @@ import yaml
 from trainlab.errors import UsageError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: every float setting ends up in float32 arithmetic somewhere."""
@@ -129,6 +137,8 @@ def option(
     lt: float | None = None,
     sentinels: Sequence[float] = (),
     allow_inf: bool = False,
+    deprecated: Sequence[str] = (),
+    deprecated_values: Mapping[str, str] | None = None,
     **kwargs: Any,
 ) -> Any:
     """A dataclass field with a help string (shown by `--help`). Mutable defaults are copied per instance.
@@ -142,6 +152,10 @@ def option(
         ge, gt, le, lt: bounds of a numeric field (of each item of a list field): >=, >, <=, <.
         sentinels: values admitted outside the bounds, each with a meaning the help string gives (`-1: all`).
         allow_inf: a float field may be infinite (floats are finite otherwise).
+        deprecated: former flag spellings of this field (`--dataset`, or `--data-root` for a field now nested as
+            `data.root`): still accepted on the command line and, as keys (`dataset`, `data_root`), in YAML, each use
+            with a warning; not shown by `--help`.
+        deprecated_values: former values of a Literal field -> their current spelling, accepted with a warning.
         **kwargs: passed on to `dataclasses.field`.
 
     Raises:
@@ -160,6 +174,8 @@ def option(
         "metavar": metavar,
         "aliases": tuple(aliases),
         "range": bounds,
+        "deprecated": tuple(deprecated),
+        "deprecated_values": dict(deprecated_values or {}),
     }
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
@@ -322,7 +338,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
         UsageError: unknown key, missing required key, wrong type, a number outside its field's range (see
             `check_ranges`) or a value the config's `validate()` refuses.
     """
-    obj = _build(cls, data, where)
+    obj = _build(cls, upgrade_keys(cls, data, where) if isinstance(data, dict) else data, where)
     check_ranges(obj, where)
     _validate_tree(obj)
     return obj
@@ -342,12 +358,102 @@ def _build(cls: type[T], data: dict[str, Any], where: str) -> T:
         raise UsageError(f"{where}: missing required key(s) {', '.join(required)}")
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
-        tp, _ = known[name]
+        tp, f = known[name]
         if dataclasses.is_dataclass(tp):
             kwargs[name] = _build(tp, value, f"{where}.{name}")  # type: ignore[arg-type]
         else:
-            kwargs[name] = _convert(value, tp, f"{where}.{name}")
+            kwargs[name] = _convert(_upgrade_value(value, f, f"{where}.{name}"), tp, f"{where}.{name}")
     return cls(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------ renamed settings
+def deprecated_keys(cls: type, prefix: str = "") -> dict[str, str]:
+    """Former key path (dotted, as YAML nests it: `data_root`, `dataset`) -> the field's current dotted path."""
+    renames: dict[str, str] = {}
+    for name, tp, f in _fields(cls):
+        dotted = prefix + name
+        if dataclasses.is_dataclass(tp):
+            renames.update(deprecated_keys(tp, dotted + "."))  # type: ignore[arg-type]
+            continue
+        for flag in f.metadata.get("deprecated", ()):
+            renames[flag.lstrip("-").replace("-", "_")] = dotted
+    return renames
+
+
+_ABSENT = object()
+
+
+def _get_dotted(data: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        if not isinstance(data, dict) or key not in data:
+            return _ABSENT
+        data = data[key]
+    return data
+
+
+def upgrade_keys(cls: type, data: dict[str, Any], where: str = "config") -> dict[str, Any]:
+    """`data` with every former key of `cls`'s fields moved to the field's current place, each with a warning.
+
+    A former key that is now the name of a group (`data: cifar10` before `data: {kind: cifar10}`) is upgraded only
+    when it holds a plain value. Used for YAML files, command lines and the configs stored in older checkpoints.
+
+    Raises:
+        UsageError: a setting is given under both its former and its current name.
+    """
+    renames = deprecated_keys(cls)
+    if not renames:
+        return data
+    out = merge({}, data)  # a copy, nested dicts included
+    for old, new in renames.items():
+        value = _get_dotted(out, old)
+        if value is _ABSENT or (isinstance(value, dict) and new.startswith(old + ".")):
+            continue
+        if _get_dotted(out, new) is not _ABSENT and not new.startswith(old + "."):
+            raise UsageError(f"{where}: both {old} (its former name) and {new} are set; keep {new} only")
+        parent = out
+        *path, last = old.split(".")
+        for key in path:
+            parent = parent[key]
+        del parent[last]
+        _set_dotted(out, new, value)
+        log.warning("%s: '%s' is the former name of '%s' (accepted until the next release); rename it", where, old, new)
+    return out
+
+
+def _upgrade_value(value: Any, f: dataclasses.Field[Any], where: str) -> Any:
+    """A former value of a Literal field (`deprecated_values`) as its current spelling, with a warning."""
+    renamed: dict[str, str] = f.metadata.get("deprecated_values") or {}
+    if not renamed:
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_upgrade_value(v, f, where) for v in value)
+    if isinstance(value, str) and value in renamed:
+        log.warning(
+            "%s: '%s' is the former spelling of '%s' (accepted until the next release)", where, value, renamed[value]
+        )
+        return renamed[value]
+    return value
+
+
+class _DeprecatedFlag(argparse.Action):
+    """Stores like the field's own flag and warns that the spelling is a former one."""
+
+    replacement = ""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        log.warning(
+            "%s is the former spelling of %s (accepted until the next release); use %s",
+            option_string,
+            self.replacement,
+            self.replacement,
+        )
+        setattr(namespace, self.dest, values)
 
 
 def _numeric_type(tp: Any) -> type | None:
@@ -478,6 +584,10 @@ def _add_arguments(
         choices = _choices(_item_type(base) if is_list else base, optional)
         help_text = f"{f.metadata.get('help', '')} ({_shown_default(f)})"
         metavar = f.metadata.get("metavar")
+        former_values = list(f.metadata.get("deprecated_values") or {})
+        if choices is not None and former_values:  # accepted with a warning, not listed by --help
+            metavar = metavar or "{" + ",".join(choices) + "}"
+            choices = [*choices, *former_values]
         if not prefix and auto and name in auto:
             help_text += f"; auto: {auto[name].help}"
         bounds = field_range(f)
@@ -510,6 +620,18 @@ def _add_arguments(
             metavar=metavar,
             help=help_text,
         )
+        for former in f.metadata.get("deprecated", ()):
+            parser.add_argument(
+                former,
+                dest=dotted,
+                default=argparse.SUPPRESS,
+                nargs=nargs,
+                const=const,
+                choices=choices,
+                metavar=metavar,
+                help=argparse.SUPPRESS,
+                action=type("_Deprecated", (_DeprecatedFlag,), {"replacement": _flag(dotted)}),
+            )
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -577,12 +699,96 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Flags of other training libraries (timm, Accelerate, Lightning, HF Trainer, the official research scripts) ->
+# the trainlab flags that hold the same setting, in order of preference; a parser suggests those it has. They are
+# answered, not accepted: the meaning often differs (trainlab's --batch-size is the global batch, --lr may be per
+# 256 images), so the user picks the trainlab flag knowingly.
+FOREIGN_FLAGS: dict[str, tuple[str, ...]] = {
+    "--lr": ("--learning-rate", "--base-learning-rate", "--optim.learning-rate", "--optim.base-learning-rate"),
+    "--blr": ("--base-learning-rate", "--optim.base-learning-rate"),
+    "--wd": ("--weight-decay", "--optim.weight-decay"),
+    "--mixed-precision": ("--precision",),
+    "--amp": ("--precision",),
+    "--fp16": ("--precision",),
+    "--bf16": ("--precision",),
+    "--output-dir": ("--run-dir", "--out-dir", "--out"),
+    "--save-dir": ("--run-dir", "--out-dir"),
+    "--log-dir": ("--run-dir",),
+    "--default-root-dir": ("--run-dir",),
+    "--resume-from-checkpoint": ("--resume", "--checkpoint"),
+    "--ckpt-path": ("--resume", "--checkpoint"),
+    "--checkpoint-path": ("--resume", "--checkpoint"),
+    "--pretrained": ("--checkpoint", "--init-from"),
+    "--gradient-accumulation-steps": ("--grad-accumulation",),
+    "--accumulate-grad-batches": ("--grad-accumulation",),
+    "--accum-iter": ("--grad-accumulation",),
+    "--max-epochs": ("--epochs",),
+    "--num-epochs": ("--epochs",),
+    "--num-train-epochs": ("--epochs",),
+    "--max-train-steps": ("--max-steps",),
+    "--workers": ("--num-workers",),
+    "--dataloader-num-workers": ("--num-workers",),
+    "--per-device-train-batch-size": ("--batch-size",),
+    "--train-batch-size": ("--batch-size",),
+    "--clip-grad": ("--clip-grad-norm",),
+    "--gradient-clip-val": ("--clip-grad-norm",),
+    "--max-grad-norm": ("--clip-grad-norm",),
+    "--warmup-epochs": ("--schedule.warmup-fraction",),
+    "--warmup-steps": ("--schedule.warmup-fraction",),
+    "--sched": ("--schedule.kind",),
+    "--lr-scheduler-type": ("--schedule.kind",),
+    "--opt": ("--optimizer", "--optim.name"),
+    "--data-dir": ("--data-root", "--data.root"),
+    "--data-path": ("--data-root", "--data.root"),
+    "--dataset": ("--data.kind", "--data"),
+    "--model": ("--model", "--arch"),
+    "--arch": ("--arch", "--model"),
+    "--log-interval": ("--log-every",),
+    "--save-every": ("--checkpoint-every",),
+    "--save-steps": ("--checkpoint-every",),
+    "--torch-compile": ("--compile",),
+    "--gpus": ("--device",),
+    "--devices": ("--device",),
+}
+_FOREIGN_NOTES = {
+    "--mixed-precision": "(Accelerate's no / fp16 / bf16 are --precision fp32 / fp16-amp-scale / bf16-amp)",
+    "--amp": "(autocast is --precision bf16-amp or fp16-amp-scale)",
+    "--fp16": "(--precision fp16-amp-scale: autocast with loss scaling)",
+    "--bf16": "(--precision bf16-amp)",
+    "--batch-size": "(trainlab's is the global batch of one optimizer step)",
+    "--warmup-epochs": "(a fraction of the run's optimizer steps)",
+    "--warmup-steps": "(a fraction of the run's optimizer steps)",
+    "--gpus": "(one process per GPU under torchrun; --device cuda)",
+    "--devices": "(one process per GPU under torchrun; --device cuda)",
+}
+
+
+def foreign_flag_hint(word: str, known: Sequence[str]) -> str:
+    """'did you mean ...?' for a flag spelled as another library spells it, or '' (see `FOREIGN_FLAGS`)."""
+    flag = word.split("=", 1)[0]
+    dashed = "--" + flag.lstrip("-").replace("_", "-")
+    if dashed != flag and dashed in known:
+        return f"did you mean {dashed}?"
+    candidates = [c for c in FOREIGN_FLAGS.get(dashed, ()) if c in known and c != flag]
+    if not candidates:
+        return ""
+    note = _FOREIGN_NOTES.get(dashed, _FOREIGN_NOTES.get(candidates[0], ""))
+    return f"did you mean {candidates[0]}?" + (f" {note}" if note else "")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
         if message.startswith("unrecognized arguments:"):
             known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
-            words = message.split(":", 1)[1].split()
-            hints = [f"did you mean {c}?" for w in words if w.startswith("--") for c in _close_flag(w, known)]
+            words = [w for w in message.split(":", 1)[1].split() if w.startswith("-")]
+            hints = []
+            for word in words:
+                hint = foreign_flag_hint(word, known)
+                close = _close_flag(word, known)
+                hints.append(
+                    f"{word.split('=', 1)[0]}: {hint}" if hint else f"did you mean {close[0]}?" if close else ""
+                )
+            hints = [h for h in hints if h]
             message += "; " + " ".join(hints) if hints else ""
         raise UsageError(f"{message}; see `{self.prog} --help`")
 
@@ -649,6 +855,8 @@ def parse(
     config_path = namespace.pop("config")
     print_config = namespace.pop("print_config")
     data: dict[str, Any] = load_yaml(config_path) if config_path is not None else {}
+    if data:
+        data = upgrade_keys(cls, data, str(config_path))
     overrides: dict[str, Any] = {}
     for dotted, value in namespace.items():
         _set_dotted(overrides, dotted, value)
