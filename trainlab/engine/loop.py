@@ -202,6 +202,7 @@ class Trainer:
         self._stop_at_step: int | None = None
         self._rss_at_start = 0
         self._skipped_in_a_row = 0
+        self._resumed_rng: dict[str, Any] | None = None
         plan = self._plan
         if plan.kind == "resume" and plan.state is not None and plan.path is not None:
             state, path = plan.state, plan.path
@@ -341,7 +342,9 @@ class Trainer:
                 eval_pending=bool(state.get("eval_pending", False)),
             )
             rngs = state["rng_per_rank"]
-            set_rng_state(rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0])
+            # Restored when fit() starts: what runs between the Trainer and fit (the demo trains its judge) must not
+            # consume the resumed run's random numbers.
+            self._resumed_rng = rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0]
             self.recipe.load_state_dict(state["recipe_state"])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as err:
             raise UsageError(
@@ -431,6 +434,9 @@ class Trainer:
         self._stop_at_step = stop_at_step
         logger = dist.raise_together(self._open_outputs)
         dist.barrier()
+        if self._resumed_rng is not None:
+            set_rng_state(self._resumed_rng)
+            self._resumed_rng = None
         logger.log(
             "event",
             self.progress.step,
