@@ -463,3 +463,15 @@ def test_output_paths_that_are_files_are_one_line(tmp_path: Path, capsys: pytest
     (run / "metrics.jsonl").mkdir()  # relaunched on a run dir whose metrics.jsonl is a directory
     line = _one_line(capsys, ["train", "toy", "--max-steps", "3", "--tensorboard", "false", "--run-dir", str(run)])
     assert f"Is a directory: {run}/metrics.jsonl; a folder is in the way" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["launch", "--bogus", "1", "train", "toy"], "unrecognized arguments: --bogus; see `torchrun --help`"),
+        (["launch", "--nproc-per-node", "2"], "no command to launch; name one of: train, plan"),
+        (["launch", "-m", "other", "train", "toy"], "-m names the program to run"),
+    ],
+)
+def test_launch_usage_errors_are_one_line(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert expected in _one_line(capsys, argv)
