@@ -197,3 +197,66 @@ def test_workers_stop_when_the_torchrun_parent_is_killed(tmp_path: Path, python:
     finally:
         for p in psutil.Process().children(recursive=True):
             p.kill()
+
+
+def _error_lines(stderr: str) -> list[str]:
+    """The workers' one-line errors (torchrun's own failure summary quotes them indented, after 'traceback :')."""
+    return [line for line in stderr.splitlines() if line.startswith("trainlab ") and ": error: " in line]
+
+
+@pytest.mark.parametrize(
+    ("flags", "code", "message"),
+    [
+        (["--batch-size", "33"], 2, "batch size 33 does not split into 1 accumulation step(s) x 2 process(es)"),
+        (["--learning-rate", "1e6", "--checkpoint-every", "1"], 1, "training diverged at step"),
+    ],
+    ids=["usage-error", "diverged"],
+)
+def test_trainlab_launch_exits_with_the_workers_code_and_one_line(
+    tmp_path: Path, python: str, run_env: dict[str, str], flags: list[str], code: int, message: str
+) -> None:
+    """`trainlab launch` is torchrun without its ChildFailedError traceback: rank 0's line, the workers' exit code."""
+    launch = [python, "-m", "trainlab", "launch", "--standalone", "--nproc-per-node", "2"]
+    launched = subprocess.run(
+        [*launch, *COMMON, *flags, "--max-steps", "-1", "--run-dir", str(tmp_path / "run")],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert launched.returncode == code, launched.stderr[-3000:]
+    lines = _error_lines(launched.stderr)
+    assert len(lines) == 1 and lines[0].startswith("trainlab train: error: ") and message in lines[0], lines
+    assert "Traceback" not in launched.stderr and "ChildFailedError" not in launched.stderr
+
+
+def test_plain_torchrun_gets_one_line_from_rank_0_and_exit_2_from_every_rank(
+    tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    """A second job on a locked run dir: only rank 0 can see the lock, every rank stops with it (no hang, no
+    SIGTERM from the launcher). torchrun itself still raises ChildFailedError (exit 1), quoting the line."""
+    code = (
+        "import sys, time; from pathlib import Path; from trainlab.engine.run_lock import RunDirLock; "
+        "lock = RunDirLock(Path(sys.argv[1])); lock.acquire(); print('locked', flush=True); time.sleep(120)"
+    )
+    run = tmp_path / "run"
+    holder = subprocess.Popen([python, "-c", code, str(run)], stdout=subprocess.PIPE, text=True, env=run_env)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainlab"]
+        launched = subprocess.run(
+            [*torchrun, *COMMON, "--run-dir", str(run)],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = _error_lines(launched.stderr)
+    assert len(lines) == 1 and f"in use by pid {holder.pid}" in lines[0], launched.stderr[-3000:]
+    assert launched.returncode == 1  # torchrun's own exit code for any failed worker
+    exit_codes = [line.split(":", 1)[1].split()[0] for line in launched.stderr.splitlines() if "exitcode  :" in line]
+    assert sorted(exit_codes) == ["2", "2"], launched.stderr[-3000:]
+    assert launched.stderr.count("traceback : trainlab train: error: run directory") >= 1  # the summary quotes it

@@ -5,18 +5,25 @@
     trainlab report RUN_DIR [RUN_DIR ...]                            (plots and tables from run directories)
     trainlab sample --vae PATH --var PATH --classes ...              (sample from VAR weights)
     trainlab demo [--quick]                                          (tokenizer + VAR on bundled digits, judged)
+    trainlab launch [torchrun options] COMMAND ...                   (torchrun, exiting with the workers' code)
 
-Bad input prints one line and exits with code 2; `--help` on any subcommand documents every field.
+One error boundary for every command: a user error (`UsageError`), an OS error (full disk, read-only or missing
+path, a file where a folder is expected, ...) and running out of memory print one line `trainlab CMD: error: ...`
+and exit with code 2 (a diverged run: 1); anything else is a bug and keeps its traceback. Under torchrun only rank 0
+prints the line (every rank exits with the code) and the line goes to torchrun's error file for its summary.
+`--help` on any subcommand documents every field.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 
+from trainlab import dist
 from trainlab.errors import UsageError
 from trainlab.host_memory import configure_host_allocator
 
@@ -32,6 +39,26 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "edit": ("trainlab.commands.edit:main", "in-paint / out-paint / class-edit an image with VAR weights (zero-shot)"),
     "eval": ("trainlab.commands.eval:main", "MoCo backbones (`eval knn|linear-probe`), samples (`eval fid|judge`)"),
     "demo": ("trainlab.commands.demo:main", "tokenizer + VAR trained on bundled digits, then judged (--quick: 2 min)"),
+}
+LAUNCH_HELP = "torchrun for trainlab: `trainlab launch --nproc-per-node 2 train toy ...` exits with the workers' code"
+
+# What to do about an OS error, by errno (the error's own text says what went wrong and where).
+_OS_ERROR_FIX = {
+    errno.ENOSPC: "free disk space or write somewhere else",
+    errno.EDQUOT: "free disk space (quota exceeded) or write somewhere else",
+    errno.EFBIG: "the file grew past the size this system allows: write somewhere else",
+    errno.EROFS: "that location is read-only: pass a writable path",
+    errno.EACCES: "no permission there: pass a path you can write (or read)",
+    errno.EPERM: "not permitted there: pass a path you can write (or read)",
+    errno.ENOTDIR: "a file is in the way of a folder: remove it or pass another path",
+    errno.EISDIR: "a folder is in the way of a file: remove it or pass another path",
+    errno.EEXIST: "something of that name is in the way: remove it or pass another path",
+    errno.ENOENT: "no such file or folder: check the path",
+    errno.ENOTEMPTY: "the folder is not empty: empty it or pass another path",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n) or lower --num-workers",
+    errno.ENFILE: "too many open files on this system: close some, or lower --num-workers",
+    errno.ENOMEM: "out of memory: lower the batch size or other sizes, or free memory",
+    errno.EIO: "the disk reported an I/O error: check it, or write somewhere else",
 }
 
 
@@ -49,6 +76,7 @@ def setup_logging() -> None:
 def _usage() -> str:
     lines = ["usage: trainlab COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<8} {help_text}" for name, (_, help_text) in _COMMANDS.items()]
+    lines += [f"  {'launch':<8} {LAUNCH_HELP}"]
     lines += ["", "Run `trainlab COMMAND --help` for the options of a command."]
     return "\n".join(lines)
 
@@ -57,6 +85,48 @@ def _load(target: str) -> Callable[[list[str]], int]:
     module_name, func = target.split(":")
     command: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), func)
     return command
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an OS error: what failed, on which path, and what to do about it."""
+    reason = err.strerror or str(err) or type(err).__name__
+    where = ""
+    if err.filename is not None:
+        where = f": {os.fsdecode(err.filename)}"
+        if err.filename2 is not None:
+            where += f" -> {os.fsdecode(err.filename2)}"
+    fix = _OS_ERROR_FIX.get(err.errno or -1, "check the path, its permissions and the free disk space")
+    return f"{reason}{where}; {fix}"
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """MemoryError (host) or torch's OutOfMemoryError (a device's allocator)."""
+    if isinstance(err, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(err, torch.OutOfMemoryError)
+
+
+def _fail(name: str, message: str, exit_code: int) -> int:
+    """Print the one line (rank 0 only under torchrun), hand it to torchrun's error file, return the exit code."""
+    line = f"trainlab {name}: error: {' '.join(message.split())}"
+    if dist.launched_rank() == 0:
+        print(line, file=sys.stderr)
+    dist.record_error_for_launcher(line)
+    dist.exit_failed_worker(exit_code)  # under torchrun: every rank ends with this code, never by the launcher's signal
+    return exit_code
+
+
+def _launch(rest: list[str]) -> int:
+    """`trainlab launch [torchrun options] COMMAND ...`: the torchrun options end at the first command name."""
+    if not rest or rest[0] in ("-h", "--help"):
+        print("usage: trainlab launch [torchrun options] COMMAND [options]")
+        print(f"  {LAUNCH_HELP}; the options are torchrun's (`torchrun --help`)")
+        return 0 if rest else 2
+    split = next((i for i, arg in enumerate(rest) if arg in _COMMANDS), None)
+    if split is None:
+        raise UsageError(f"no command to launch; name one of: {', '.join(_COMMANDS)} (after the torchrun options)")
+    return dist.launch(rest[:split], rest[split:])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,19 +140,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trainlab {trainlab.__version__}")
         return 0
     name, rest = args[0], args[1:]
-    if name not in _COMMANDS:
-        print(f"trainlab: error: unknown command {name!r}; choose one of: {', '.join(_COMMANDS)}", file=sys.stderr)
+    if name not in _COMMANDS and name != "launch":
+        choices = ", ".join([*_COMMANDS, "launch"])
+        print(f"trainlab: error: unknown command {name!r}; choose one of: {choices}", file=sys.stderr)
         return 2
     setup_logging()
     try:
+        if name == "launch":
+            return _launch(rest)
         configure_host_allocator()
         return _load(_COMMANDS[name][0])(rest)
     except UsageError as err:
-        print(f"trainlab {name}: error: {err}", file=sys.stderr)
-        return err.exit_code
+        return _fail(name, str(err), err.exit_code)
+    except OSError as err:
+        return _fail(name, describe_os_error(err), 2)
     except KeyboardInterrupt:
-        print(f"trainlab {name}: interrupted", file=sys.stderr)
+        if dist.launched_rank() == 0:
+            print(f"trainlab {name}: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as err:
+        if not _out_of_memory(err):
+            raise  # a bug: the traceback is what helps
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        return _fail(name, f"out of memory ({first}); lower the batch size or other sizes, or free memory", 2)
 
 
 if __name__ == "__main__":

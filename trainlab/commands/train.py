@@ -125,7 +125,8 @@ def main(argv: list[str]) -> int:
         is_main = dist.is_main()  # read before cleanup(): afterwards every rank looks like rank 0
         del trainer  # its DDP wrappers hold the process group: drop them before it is destroyed
         dist.cleanup(synchronize=True)
-    except UsageError:
+    except (UsageError, OSError) as err:
+        dist.expect_launcher_stop(getattr(err, "exit_code", 2))  # under torchrun: every rank exits with this code
         raise
     except Exception:
         log.error("training failed; the last good checkpoint (if any) in %s/ckpt is untouched", config.run_dir)

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,56 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _bytes_of(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) checkpoint: about what `torch.save` must write."""
+    if isinstance(obj, torch.Tensor):
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(_bytes_of(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_bytes_of(v) for v in obj)
+    return 0
+
+
+def write_failure(err: BaseException, directory: Path, needed: int) -> str | None:
+    """Why writing `needed` bytes into `directory` failed, when the cause is the disk rather than a bug, else None.
+
+    `torch.save` reports a failed write of its zip container as a RuntimeError ("unexpected pos ...") whose
+    context holds the OSError of the write; some paths lose that context. So: an OSError in the exception's chain
+    (its errno names the cause: no space, quota, read-only, I/O error ...), else the free space of the file system
+    measured now, against the bytes the save needed.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno:
+            return os.strerror(cause.errno)
+        cause = cause.__cause__ or cause.__context__
+    if not isinstance(err, RuntimeError):
+        return None
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return None
+    if free < needed + (1 << 20):  # a zip container and file-system blocks take a little more than the tensors
+        return f"No space left on device: {free:,} bytes free, the checkpoint needs about {needed:,}"
+    if not os.access(directory, os.W_OK):
+        return "the folder is not writable"
+    return None
+
+
 def atomic_save(obj: Any, path: Path) -> None:
     """`torch.save` to a temp file in the same directory, fsync it, then `os.replace` onto `path`.
 
     Raises:
         UsageError: the disk is full or not writable (the previous file at `path` is untouched).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _write_error(path, os.strerror(err.errno) if err.errno else str(err)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -56,18 +99,29 @@ def atomic_save(obj: Any, path: Path) -> None:
         _fsync_dir(path.parent)
     except BaseException as err:
         Path(tmp_name).unlink(missing_ok=True)
-        if isinstance(err, OSError) or (isinstance(err, RuntimeError) and "write" in str(err).lower()):
-            reason = os.strerror(err.errno) if isinstance(err, OSError) and err.errno else str(err).splitlines()[0]
-            raise UsageError(
-                f"could not write {path} ({reason[:120]}); the previous checkpoint is intact: free disk space or "
-                "pass another --run-dir, then resume"
-            ) from None
+        reason = write_failure(err, path.parent, _bytes_of(obj)) if isinstance(err, Exception) else None
+        if reason is not None:
+            raise _write_error(path, reason) from None
         raise
 
 
+def _write_error(path: Path, reason: str) -> UsageError:
+    return UsageError(
+        f"could not write {path} ({reason[:160]}); the previous checkpoint is intact: free disk space or pass "
+        "another --run-dir, then resume"
+    )
+
+
 def atomic_copy(src: Path, dst: Path) -> None:
-    """Copy a finished checkpoint (e.g. last -> best) with the same temp + fsync + rename protocol."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    """Copy a finished checkpoint (e.g. last -> best) with the same temp + fsync + rename protocol.
+
+    Raises:
+        UsageError: the disk is full or not writable (the previous file at `dst` is untouched).
+    """
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    except OSError as err:
+        raise _write_error(dst, os.strerror(err.errno) if err.errno else str(err)) from None
     os.close(fd)
     try:
         shutil.copyfile(src, tmp_name)
@@ -75,8 +129,11 @@ def atomic_copy(src: Path, dst: Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp_name, dst)
         _fsync_dir(dst.parent)
-    except BaseException:
+    except BaseException as err:
         Path(tmp_name).unlink(missing_ok=True)
+        reason = write_failure(err, dst.parent, src.stat().st_size) if isinstance(err, Exception) else None
+        if reason is not None:
+            raise _write_error(dst, reason) from None
         raise
 
 
@@ -98,16 +155,34 @@ class NonFiniteWeightsError(TrainingStopped):
     """Weights or buffers hold NaN / inf: such a state is never saved over a finite checkpoint."""
 
 
+NON_FINITE_BUFFERS_ATTR = "non_finite_buffers"
+"""A module's class attribute naming its own buffers that hold -inf / inf by design (an attention mask's -inf):
+`non_finite_weights` admits inf there (never NaN). Declared where the buffer is registered, never inferred."""
+
+
+def declared_non_finite_buffers(model: nn.Module) -> set[str]:
+    """Qualified names ("blocks.0.mask") of the buffers `model`'s modules declare as inf by design."""
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        for name in getattr(module, NON_FINITE_BUFFERS_ATTR, ()):
+            names.add(f"{prefix}.{name}" if prefix else name)
+    return names
+
+
 def non_finite_weights(models: dict[str, nn.Module]) -> list[str]:
-    """Names ("model.name") of parameters holding NaN or inf, and of buffers holding NaN (buffers may hold inf on
-    purpose, e.g. an attention mask's -inf)."""
+    """Names ("model.name") of floating parameters and buffers holding NaN or inf (a BatchNorm's running_var after a
+    blow-up is as unusable as a weight). Buffers declared inf by design (`non_finite_buffers`) may hold inf, not NaN."""
     bad = []
     for model_name, model in models.items():
+        by_design = declared_non_finite_buffers(model)
         for name, p in model.named_parameters():
             if p.is_floating_point() and not bool(p.detach().isfinite().all()):
                 bad.append(f"{model_name}.{name}")
         for name, b in model.named_buffers():
-            if b.is_floating_point() and bool(b.isnan().any()):
+            if not b.is_floating_point():
+                continue
+            broken = b.isnan().any() if name in by_design else ~b.isfinite().all()
+            if bool(broken):
                 bad.append(f"{model_name}.{name}")
     return bad
 
@@ -160,8 +235,9 @@ class CheckpointStore:
             shutil.copyfile(src, tmp)
         os.replace(tmp, dst)
 
-    def load_latest(self) -> tuple[dict[str, Any], Path]:
-        """The newest readable checkpoint: `last.pt`, else the kept saves newest first (with a warning).
+    def load_latest(self, check: Callable[[dict[str, Any], Path], None] | None = None) -> tuple[dict[str, Any], Path]:
+        """The newest readable checkpoint: `last.pt`, else the kept saves newest first (with a warning). `check`
+        (raising UsageError) tells a damaged one, which is skipped like an unreadable one.
 
         Raises:
             UsageError: nothing readable.
@@ -173,12 +249,14 @@ class CheckpointStore:
                 continue
             try:
                 state = load_checkpoint(path)
+                if check is not None:
+                    check(state, path)
             except UsageError as err:
                 errors.append(str(err))
-                log.warning("%s is unreadable (%s); trying an older checkpoint", path, str(err)[:160])
+                log.warning("%s is unreadable or damaged (%s); trying an older checkpoint", path, str(err)[:200])
                 continue
             if path != self.last:
-                log.warning("resuming from the fallback %s (last.pt was unreadable)", path)
+                log.warning("resuming from the fallback %s (last.pt was unreadable or damaged)", path)
             return state, path
         raise UsageError(f"no readable checkpoint in {self.directory} ({errors[0] if errors else 'none found'})")
 

@@ -15,6 +15,7 @@ import torch
 
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import Recipe
+from trainlab.engine.run_lock import RunDirLock
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,13 @@ class DebugReport:
 
 
 def run_debug_check(recipe_cls: type[Recipe], recipe: Recipe, work_dir: Path) -> DebugReport:
+    """Run the check in `work_dir` (replaced), holding the lock of its parent, the run directory (a second --debug
+    or a training run there is refused instead of having its files deleted)."""
+    with RunDirLock(work_dir.parent):
+        return _run_debug_check(recipe_cls, recipe, work_dir)
+
+
+def _run_debug_check(recipe_cls: type[Recipe], recipe: Recipe, work_dir: Path) -> DebugReport:
     tiny = recipe.debug_config()
     if work_dir.exists():
         shutil.rmtree(work_dir)

@@ -1,8 +1,12 @@
 """The training loop every recipe runs on: set-up, epochs, evaluation and best/last checkpoints, logging.
 
 `Trainer(recipe).fit()` is the whole public API. Set-up: device and precision (both logged), the process group
-under torchrun (none in one process), `recipe.build` (models, frozen models, optimizers), `recipe.build_data`, the
-seeded resumable sampler, loss scalers and schedules. One optimizer step is `engine.step.StepRunner.run`:
+under torchrun (none in one process), then before anything is built the run-dir lock (rank 0) and the relaunch
+rules (`engine.resume`: overwrite / resume / recipe of the run dir, the checkpoint read and checked against the
+config), then `recipe.build` (models, frozen models, optimizers), `recipe.build_data`, the seeded resumable
+sampler, loss scalers and schedules, and the checkpoint checked against the data and loaded. The lock is held until
+`fit` returns. Errors that only some ranks see (rank 0 writes) are raised on every rank alike
+(`dist.raise_together`). One optimizer step is `engine.step.StepRunner.run`:
 `grad_accumulation` micro-steps per phase, then once unscale, clip, step, scaler update, the recipe's
 `after_optimizer_step`. At each epoch end: evaluation (rank 0), `ckpt/last.pt` and, when the recipe's best metric
 improved, `ckpt/best.pt`. SIGTERM / Ctrl-C finish the current step, save and return "interrupted".
@@ -31,6 +35,14 @@ from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, s
 from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
 from trainlab.engine.precision import LossScaler, Precision, check_device_support
 from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts, check_activation_checkpointing
+from trainlab.engine.resume import (
+    ENGINE_MAY_CHANGE,
+    RelaunchPlan,
+    check_config,
+    check_fits,
+    check_structure,
+    plan_relaunch,
+)
 from trainlab.engine.run_lock import RunDirLock
 from trainlab.engine.runinfo import prepare_run_dir, write_config
 from trainlab.engine.schedule import Scheduler
@@ -42,33 +54,7 @@ from trainlab.host_memory import host_allocator
 
 log = logging.getLogger(__name__)
 
-# Engine fields a resume may change (applied and logged); every other field must equal the checkpoint's.
-ENGINE_MAY_CHANGE = (
-    "run_dir",
-    "device",
-    "max_steps",
-    "clip_grad_norm",
-    "num_workers",
-    "log_every",
-    "eval_every_epochs",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "resume",
-    "overwrite",
-    "max_skipped_steps",
-    "tensorboard",
-    "wandb",
-    "wandb_project",
-    "wandb_entity",
-    "wandb_name",
-    "progress",
-    "deterministic",
-    "activation_checkpointing",  # the same losses and gradients, recomputed
-    "compile",  # the same computation, float arithmetic reordered
-    "ddp_find_unused_parameters",
-    "memory_snapshot",
-    "debug",
-)
+__all__ = ["ENGINE_MAY_CHANGE", "FitResult", "Progress", "Trainer", "resolve_device"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -130,8 +116,20 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "ckpt"
         self.write_outputs = write_outputs and self.is_main
-        if self.write_outputs:
-            prepare_run_dir(self.run_dir)
+        self.store = CheckpointStore(self.ckpt_dir, keep=cfg.keep_checkpoints)
+        self._lock: RunDirLock | None = None
+        self._claimed = False
+        try:
+            # Before anything is built: the run directory is this process's, and the relaunch rules allow this run.
+            dist.raise_together(self._claim_run_dir)
+            self._plan: RelaunchPlan = dist.raise_together(self._plan_relaunch)
+            self._build(compiler)
+        except BaseException:
+            self._release_run_dir()
+            raise
+
+    def _build(self, compiler: str) -> None:
+        recipe, cfg = self.recipe, self.config
         if self.device.type == "cpu":
             log.info(host_allocator())
         log.info(
@@ -155,9 +153,10 @@ class Trainer:
             if not self.phases:
                 raise ValueError(f"recipe {recipe.name} built no optimizer phase")
             self.train_dataset = recipe.build_data(self.parts, self.device)
+        self.dataset_size = len(self.train_dataset)  # type: ignore[arg-type]
         self.world = dist.world_size()
         self.sampler = StepBatchSampler(
-            len(self.train_dataset),  # type: ignore[arg-type]
+            self.dataset_size,
             batch_size=cfg.batch_size,
             accumulation=cfg.grad_accumulation,
             rank=dist.rank(),
@@ -174,7 +173,6 @@ class Trainer:
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.total_steps = self.steps_per_epoch * cfg.epochs  # the schedule's horizon; --max-steps only stops early
         self.stop_step = min(self.total_steps, cfg.max_steps) if cfg.max_steps > 0 else self.total_steps
-        self.store = CheckpointStore(self.ckpt_dir, keep=cfg.keep_checkpoints)
         self.scalers = {
             p.name: LossScaler(self.precision, self.device.type, cfg.static_loss_scale) for p in self.phases
         }
@@ -205,6 +203,32 @@ class Trainer:
         self._stop_at_step: int | None = None
         self._rss_at_start = 0
         self._skipped_in_a_row = 0
+        self._resumed_rng: dict[str, Any] | None = None
+        plan = self._plan
+        if plan.kind == "resume" and plan.state is not None and plan.path is not None:
+            state, path = plan.state, plan.path
+            dist.raise_together(lambda: self._load_state(state, path))
+            plan.state = None  # the models, optimizers and counters hold it now
+
+    # -------------------------------------------------------------------------------------------- run dir
+    def _claim_run_dir(self) -> None:
+        """Rank 0: a writable run directory, locked for this process (a second launch stops here, at once)."""
+        self._claimed = True
+        if not self.write_outputs:
+            return
+        prepare_run_dir(self.run_dir)
+        self._lock = RunDirLock(self.run_dir)
+        self._lock.acquire()
+        self.store.clean_temp_files()
+
+    def _release_run_dir(self) -> None:
+        self._claimed = False
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _plan_relaunch(self) -> RelaunchPlan:
+        return plan_relaunch(self.config, self.recipe.name, self.recipe.resume_may_change, self.store, self.run_dir)
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _wrap_ddp(self) -> dict[str, nn.Module]:
@@ -232,6 +256,7 @@ class Trainer:
             "version": 1,
             "recipe": self.recipe.name,
             "config": to_dict(self.config),
+            "data": {"dataset_size": self.dataset_size, "steps_per_epoch": self.steps_per_epoch},
             "models": {n: m.state_dict() for n, m in self.parts.models.items()},
             "optimizers": {p.name: p.optimizer.state_dict() for p in self.phases},
             "scalers": {n: s.state_dict() for n, s in self.scalers.items()},
@@ -247,119 +272,112 @@ class Trainer:
         }
 
     def save(self, *, is_best: bool = False) -> None:
-        """Write ckpt/last.pt (and best.pt); refuses weights with NaN / inf on every rank alike."""
+        """Write ckpt/last.pt (and best.pt); refuses weights or buffers with NaN / inf (except buffers declared inf by
+        design), decided on every rank alike (BatchNorm statistics differ between ranks)."""
         if is_best:
             self.progress.best_step = self.progress.step
         bad = non_finite_weights(self.parts.models)
-        if bad:
+        if dist.any_rank(bool(bad), self.device):
+            first = bad[0] if bad else "on another rank"
             raise NonFiniteWeightsError(
-                f"training diverged: at step {self.progress.step} {len(bad)} weight / buffer tensor(s) hold NaN or inf "
-                f"(first: {bad[0]}); the last finite checkpoint is kept: lower the learning rate and resume"
+                f"training diverged: at step {self.progress.step} {len(bad) or 'some'} weight / buffer tensor(s) hold "
+                f"NaN or inf (first: {first}); the last finite checkpoint is kept: lower the learning rate and resume"
             )
         state = self.state_dict()
-        if not self.write_outputs:
-            return
-        self.store.save(state, is_best=is_best)
-        log.info("saved %s (step %d%s)", self.store.last, self.progress.step, ", best" if is_best else "")
+
+        def write() -> None:
+            if self.write_outputs:
+                self.store.save(state, is_best=is_best)
+
+        dist.raise_together(write)  # a full disk on rank 0 stops every rank with its one line
+        if self.write_outputs:
+            log.info("saved %s (step %d%s)", self.store.last, self.progress.step, ", best" if is_best else "")
 
     def load(self, path: Path) -> None:
-        """Resume from the checkpoint at `path` (its config must match this run's, see `ENGINE_MAY_CHANGE`)."""
-        self._load_state(load_checkpoint(path), path)
-
-    def _load_state(self, state: dict[str, Any], path: Path) -> None:
+        """Resume from the checkpoint at `path` (its config must match this run's, see `trainlab.engine.resume`)."""
+        state = load_checkpoint(path)
         if state.get("recipe") != self.recipe.name:
             raise UsageError(f"checkpoint {path} is from recipe {state.get('recipe')!r}, not {self.recipe.name!r}")
-        self._check_resume_config(state, path)
+        check_structure(state, path)
+        changed = check_config(state.get("config"), self.config, path, self.recipe.resume_may_change)
+        if changed:
+            log.info("resuming with changed settings (applied): %s", "; ".join(changed))
+        self._load_state(state, path)
+
+    def _load_state(self, state: dict[str, Any], path: Path) -> None:
+        """Apply a checkpoint that passed the relaunch checks (recipe, structure, config) to the built run."""
+        check_fits(
+            state,
+            path,
+            dataset_size=self.dataset_size,
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+            batch_size=self.config.batch_size,
+            phases=self.phases,
+        )
         try:
             for name, model in self.parts.models.items():
                 try:
                     model.load_state_dict(state["models"][name])
                 except (KeyError, RuntimeError) as err:
-                    first = str(err).splitlines()[0][:200]
+                    first = (str(err).splitlines() or [type(err).__name__])[0][:200]
                     raise UsageError(
                         f"checkpoint {path} does not fit model {name!r} ({first}); check --model"
                     ) from None
             for phase in self.phases:
+                # This run's peak learning rates: a resume may lower them (after a divergence); the schedule applies
+                # them from the checkpoint's step on.
+                peaks = [group["peak_lr"] for group in phase.optimizer.param_groups]
                 phase.optimizer.load_state_dict(state["optimizers"][phase.name])
+                for group, peak in zip(phase.optimizer.param_groups, peaks):
+                    group["peak_lr"] = peak
                 self.scalers[phase.name].load_state_dict(state["scalers"][phase.name])
                 self.schedulers[phase.name].load_state_dict(state["schedulers"][phase.name])
+            best = state.get("best_score")
             self.progress = Progress(
-                step=int(state["step"]),
-                epoch=int(state["epoch"]),
-                step_in_epoch=int(state["step_in_epoch"]),
-                best_score=state["best_score"],
+                step=state["step"],
+                epoch=state["epoch"],
+                step_in_epoch=state["step_in_epoch"],
+                best_score=None if best is None else float(best),
                 best_step=state.get("best_step"),
                 eval_pending=bool(state.get("eval_pending", False)),
             )
             rngs = state["rng_per_rank"]
-            set_rng_state(rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0])
+            # Restored when fit() starts: what runs between the Trainer and fit (the demo trains its judge) must not
+            # consume the resumed run's random numbers.
+            self._resumed_rng = rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0]
             self.recipe.load_state_dict(state["recipe_state"])
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as err:
             raise UsageError(
                 f"checkpoint {path} is incomplete or damaged ({type(err).__name__}: {str(err)[:120]}); resume from "
                 "another checkpoint (ckpt/step_*.pt) or start over with --overwrite"
             ) from None
+        bad = non_finite_weights(self.parts.models)
+        if bad:
+            raise UsageError(
+                f"checkpoint {path} holds NaN or inf in {len(bad)} weight / buffer tensor(s) (first: {bad[0]}); resume "
+                "from an earlier checkpoint (ckpt/step_*.pt) or start over with --overwrite"
+            )
         if self.write_outputs and path.parent == self.ckpt_dir:
             self.store.repair_best(state, path)
         log.info("resumed from %s at step %d (epoch %d, step %d in epoch)", path, *self._position())
-
-    def _check_resume_config(self, state: dict[str, Any], path: Path) -> None:
-        """Refuse a resume that would silently compute something else; apply and log the fields that may change."""
-        may_change = set(ENGINE_MAY_CHANGE) | set(self.recipe.resume_may_change)
-        saved, now = _flatten(state.get("config", {})), _flatten(to_dict(self.config))
-        changed = []
-        for key in sorted(set(saved) & set(now)):
-            if saved[key] == now[key]:
-                continue
-            if key.split(".")[0] in may_change:
-                changed.append(f"{key} {saved[key]!r} -> {now[key]!r}")
-                continue
-            flag = "--" + key.replace("_", "-")
-            raise UsageError(
-                f"checkpoint {path} was trained with {key}={saved[key]!r} but this run has {key}={now[key]!r}; "
-                f"resume with the same {flag}, or start over (--overwrite or a new --run-dir)"
-            )
-        if changed:
-            log.info("resuming with changed settings (applied): %s", "; ".join(changed))
 
     def _position(self) -> tuple[int, int, int]:
         return self.progress.step, self.progress.epoch, self.progress.step_in_epoch
 
     def _start(self) -> None:
-        """Relaunch rules: resume when the run dir holds a checkpoint (the default), never destroy one silently."""
-        cfg = self.config
-        if self.write_outputs:
-            self.store.clean_temp_files()
-        resume = cfg.resume or "never"
-        if cfg.overwrite:
-            if self.write_outputs and (self.store.exists() or (self.run_dir / "metrics.jsonl").exists()):
+        """Carry out the relaunch plan's deletions, decided before anything was built (`trainlab.engine.resume`)."""
+        plan = self._plan
+        if self.write_outputs and plan.kind == "overwrite":
+            if self.store.exists() or (self.run_dir / "metrics.jsonl").exists():
                 log.warning("--overwrite: deleting the checkpoints and logs in %s and starting over", self.run_dir)
                 self._clear_outputs()
-            dist.barrier()
-            return
-        if resume not in ("auto", "never"):
-            path = Path(resume)
-            if not path.is_file():
-                raise UsageError(f"checkpoint {path} not found; pass an existing file, or --resume auto")
-            self.load(path)
-            return
-        if not self.store.exists():
-            if self.write_outputs and (self.run_dir / "metrics.jsonl").exists():
-                log.info(
-                    "no checkpoint in %s: starting fresh (replacing the logs of an attempt that saved none)",
-                    self.run_dir,
-                )
-                self._clear_outputs()
-            dist.barrier()
-            return
-        if resume == "never":
-            raise UsageError(
-                f"{self.run_dir} holds a checkpoint; continue it with --resume auto (the default), start over with "
-                "--overwrite, or pass a new --run-dir"
+        elif self.write_outputs and plan.kind == "fresh" and plan.replace_logs:
+            log.info(
+                "no checkpoint in %s: starting fresh (replacing the logs of an attempt that saved none)", self.run_dir
             )
-        state, path = self.store.load_latest()
-        log.info("%s holds a checkpoint: resuming it (--overwrite starts over)", self.run_dir)
-        self._load_state(state, path)
+            self._clear_outputs()
+        self._plan = RelaunchPlan("fresh")  # done: a second fit() of this Trainer continues, it deletes nothing
 
     def _clear_outputs(self) -> None:
         self.store.clear()
@@ -385,22 +403,25 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self, stop_at_step: int | None = None) -> FitResult:
-        """Train to the end (or to `stop_at_step`, saving there as an interruption would: used by --debug/tests)."""
-        lock = RunDirLock(self.run_dir) if self.write_outputs else None
-        if lock is not None:
-            lock.acquire()
+        """Train to the end (or to `stop_at_step`, saving there as an interruption would: used by --debug/tests).
+
+        The run-dir lock taken when the Trainer was built is released when fit returns (a second fit takes it again).
+        """
+        if not self._claimed:  # the same on every rank (only rank 0 holds the lock)
+            dist.raise_together(self._claim_run_dir)
         try:
             with self.precision.default_dtype():
                 return self._fit(stop_at_step)
         finally:
-            if lock is not None:
-                lock.release()
+            self._release_run_dir()
 
-    def _fit(self, stop_at_step: int | None) -> FitResult:
+    def _open_outputs(self) -> MetricsLogger:
+        """Rank 0: the plan's deletions, config.yaml (the recipe's record in the run dir), then the metric sinks."""
         cfg = self.config
-        self._stop_at_step = stop_at_step
         self._start()
-        logger = MetricsLogger(
+        if self.write_outputs:
+            write_config(self.run_dir, self.recipe.name, to_dict(cfg))
+        return MetricsLogger(
             self.run_dir if self.write_outputs else None,
             tensorboard=cfg.tensorboard,
             wandb_mode=cfg.wandb,
@@ -409,6 +430,15 @@ class Trainer:
             run_name=cfg.wandb_name,
             config=to_dict(cfg),
         )
+
+    def _fit(self, stop_at_step: int | None) -> FitResult:
+        cfg = self.config
+        self._stop_at_step = stop_at_step
+        logger = dist.raise_together(self._open_outputs)
+        dist.barrier()
+        if self._resumed_rng is not None:
+            set_rng_state(self._resumed_rng)
+            self._resumed_rng = None
         logger.log(
             "event",
             self.progress.step,
@@ -422,8 +452,6 @@ class Trainer:
             enabled=cfg.progress and self.is_main,
             log_every=cfg.log_every,
         )
-        if self.write_outputs:
-            write_config(self.run_dir, self.recipe.name, to_dict(cfg))
         if cfg.memory_snapshot:
             torch.cuda.memory._record_memory_history(max_entries=200_000)
         losses: list[float] = []
@@ -448,8 +476,8 @@ class Trainer:
                         samples_seen += samples
                     if self.progress.step_in_epoch == 0:  # an epoch just completed
                         last_eval = self._end_of_epoch(logger, stop) or last_eval
-            if status != "interrupted" and self._reached_end() and self.is_main:
-                self.recipe.on_fit_end({**self.parts.models, **self.parts.frozen})
+            if status != "interrupted" and self._reached_end():
+                dist.raise_together(self._on_fit_end)  # rank 0 exports; a full disk stops every rank alike
             logger.log(
                 "summary",
                 self.progress.step,
@@ -460,6 +488,10 @@ class Trainer:
             self._bar.close()
             logger.close()
         return FitResult(status, self.progress.step, self.progress.epoch, losses, last_eval)
+
+    def _on_fit_end(self) -> None:
+        if self.is_main:
+            self.recipe.on_fit_end({**self.parts.models, **self.parts.frozen})
 
     def _reached_end(self) -> bool:
         """All epochs done, or --max-steps reached (a `fit(stop_at_step=...)` stop is not an end)."""
@@ -484,7 +516,17 @@ class Trainer:
         first_loss_key = "loss" if len(self.phases) == 1 else f"{self.phases[0].name}/loss"
         try:
             while self.progress.step_in_epoch < self.steps_per_epoch:
-                metrics = self.runner.run(iterator, self.step_info())
+                try:
+                    metrics = self.runner.run(iterator, self.step_info())
+                except RuntimeError as err:
+                    if not _overflows_weight_dtype(err):
+                        raise
+                    dtype = str(self.precision.param_dtype).removeprefix("torch.")
+                    raise TrainingStopped(
+                        f"training diverged at step {self.progress.step + 1}: a value of the step does not fit the "
+                        f"{dtype} weights ({str(err).splitlines()[0][:100]}; e.g. the learning rate times the "
+                        "update); nothing was saved after the last good checkpoint: lower the learning rate and resume"
+                    ) from None
                 self._count_skipped(metrics)
                 self.progress.step += 1
                 self.progress.step_in_epoch += 1
@@ -550,12 +592,16 @@ class Trainer:
 
     def _evaluate_epoch(self, logger: MetricsLogger) -> dict[str, float]:
         epoch = self.progress.epoch
-        metrics: dict[str, float] = {}
-        if self.is_main:
+
+        def evaluate() -> dict[str, float]:
+            if not self.is_main:
+                return {}
             for model in self.parts.models.values():
                 model.eval()
             with torch.no_grad(), self.precision.autocast(self.device.type):
-                metrics = self.recipe.evaluate({**self.parts.models, **self.parts.frozen}, self.device, epoch)
+                return self.recipe.evaluate({**self.parts.models, **self.parts.frozen}, self.device, epoch)
+
+        metrics = dist.raise_together(evaluate)  # an evaluation error on rank 0 stops every rank alike
         metrics = dist.broadcast_object(metrics)  # type: ignore[assignment]
         if metrics:
             logger.log("eval", self.progress.step, epoch, metrics)
@@ -599,12 +645,8 @@ class Trainer:
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config dicts as dotted keys ({"schedule": {"kind": ...}} -> {"schedule.kind": ...})."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+def _overflows_weight_dtype(err: RuntimeError) -> bool:
+    """c10's checked scalar conversion: a Python number (the optimizer's `-lr * ...` alpha, a loss scale) that does not
+    fit the tensor's dtype (fp16's largest is 65504), e.g. `param.add_(grad, alpha=-lr)` with lr 1e6 on fp16 weights.
+    It is raised before the tensor is written; the run has diverged as surely as with a NaN loss."""
+    return "cannot be converted to type" in str(err) and "without overflow" in str(err)

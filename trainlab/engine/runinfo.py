@@ -91,6 +91,30 @@ def _one_line(value: Any) -> str:
     return str(value).replace("\n", "\\n")
 
 
+def recorded_recipe(run_dir: Path) -> str | None:
+    """The recipe a run directory holds, from the `# recipe: NAME` line of its config.yaml header; None without one.
+
+    Raises:
+        UsageError: config.yaml exists but cannot be read.
+    """
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.startswith("#"):
+                    break
+                key, sep, value = line[1:].strip().partition(": ")
+                if sep and key == "recipe":
+                    return value.strip()
+    except OSError as err:
+        raise UsageError(
+            f"cannot read {path} ({err.strerror}); fix its permissions, or pass another --run-dir"
+        ) from None
+    return None
+
+
 def write_config(run_dir: Path, recipe: str, config: dict[str, Any]) -> None:
     """`config.yaml`: the resolved config (re-runnable with --config) under a provenance header of YAML comments
     (recipe, command line, versions; comments, so `--config` reads the file back unchanged). `environment.yaml`: the

@@ -207,6 +207,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
     name = "linear-probe"
     config_class = LinearProbeConfig
     resume_must_match = ("checkpoint", "data", "image_size", "augment")
+    resume_may_change = ("data_root",)  # a moved dataset (another size is refused)
 
     def __init__(self, config: LinearProbeConfig) -> None:
         if config.data is None or config.image_size is None or config.data_root is None:  # from the checkpoint

@@ -236,6 +236,7 @@ class MocoRecipe(Recipe[MocoConfig]):
     name = "moco"
     config_class = MocoConfig
     resume_must_match = ("arch", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optimizer")
+    resume_may_change = ("data_root", "knn_k", "knn_temperature", "eval_subset", "eval_batch_size")  # kNN monitor
     supports_activation_checkpointing = True  # per ViT block / per ResNet stage
 
     def __init__(self, config: MocoConfig) -> None:

@@ -193,7 +193,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
     config_class = TokenizerConfig
     best_metric = "psnr"
     best_mode = "max"
-    resume_may_change = ("data_root", "eval_batch_size", "inception_weights")
+    resume_may_change = ("data_root", "eval_size", "eval_batch_size", "inception_weights")
 
     def __init__(self, config: TokenizerConfig) -> None:
         super().__init__(config)

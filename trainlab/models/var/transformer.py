@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -108,6 +109,10 @@ class VAR(nn.Module):
     Args:
         cfg: the architecture.
     """
+
+    # Buffers that hold -inf by design: the block-causal mask (0 where a query may attend, -inf elsewhere). A
+    # training checkpoint refuses NaN / inf in every other floating tensor (trainlab.engine.checkpoint).
+    non_finite_buffers: ClassVar[tuple[str, ...]] = ("attn_bias_for_masking",)
 
     def __init__(self, cfg: VARConfig) -> None:
         super().__init__()

@@ -1,0 +1,374 @@
+"""Relaunch and resume rules: what a run directory may be reused for, and what a resume may change.
+
+Decided before anything is built (`plan_relaunch`), after the run-dir lock is taken:
+
+- `--overwrite` starts over; it refuses an explicit `--resume PATH` or `--resume never` (each contradicts it).
+- A run directory whose `config.yaml` records another recipe (or that holds logs without a `config.yaml` naming
+  theirs) is refused without `--overwrite`: its logs are not replaced by a different recipe's.
+- `--resume auto` continues the run directory's newest usable checkpoint (a damaged `last.pt` falls back to the kept
+  `step_*.pt`); `--resume never` refuses to touch one; `--resume PATH` continues PATH.
+- A resume must compute what the checkpoint's run computed: every config field equals the checkpoint's except the
+  engine's `ENGINE_MAY_CHANGE`, every `*learning_rate` field (lower it after a divergence), and the recipe's
+  `resume_may_change` (evaluation / logging settings, moved paths); those are applied and logged. A checkpoint that
+  records no config (none of the fields every trainlab checkpoint records) cannot be checked and is refused. A
+  field the checkpoint does not record (written by an older trainlab) must be at its default.
+
+Checked once the data and models exist (`check_fits`): the dataset size and steps per epoch (another dataset would
+silently change the schedule's length), the progress counters against them, and every optimizer state tensor
+against its parameter's shape. `check_structure` validates a checkpoint's layout and types first, so that a damaged
+file is one line naming it, never a traceback from deep inside a load.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from trainlab.config import to_dict
+from trainlab.engine.checkpoint import CheckpointStore, load_checkpoint
+from trainlab.engine.recipe import Phase, TrainConfig
+from trainlab.engine.runinfo import recorded_recipe
+from trainlab.engine.seeding import rng_state, set_rng_state
+from trainlab.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+# Engine fields a resume may change (applied and logged); every other field must equal the checkpoint's.
+ENGINE_MAY_CHANGE = (
+    "run_dir",
+    "device",
+    "max_steps",
+    "clip_grad_norm",  # after a divergence: clip
+    "static_loss_scale",  # after a divergence: another loss scale (fp16-scale)
+    "max_skipped_steps",  # after a divergence: more patience for overflow skips
+    "num_workers",
+    "log_every",
+    "eval_every_epochs",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "resume",
+    "overwrite",
+    "tensorboard",
+    "wandb",
+    "wandb_project",
+    "wandb_entity",
+    "wandb_name",
+    "progress",
+    "deterministic",
+    "activation_checkpointing",  # the same losses and gradients, recomputed
+    "compile",  # the same computation, float arithmetic reordered
+    "ddp_find_unused_parameters",
+    "memory_snapshot",
+    "debug",
+)
+LEARNING_RATE_SUFFIX = "learning_rate"  # every `*learning_rate` field of any recipe may change on resume
+# Fields every trainlab checkpoint's config has recorded since the first format: a config without them is no config.
+ALWAYS_RECORDED = ("seed", "precision", "epochs", "batch_size", "grad_accumulation")
+
+
+def may_change(key: str, recipe_fields: Iterable[str]) -> bool:
+    """Whether the dotted config key `key` may differ from the checkpoint's on resume."""
+    top = key.split(".")[0]
+    return top in ENGINE_MAY_CHANGE or top in set(recipe_fields) or top.endswith(LEARNING_RATE_SUFFIX)
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config dicts as dotted keys ({"schedule": {"kind": ...}} -> {"schedule.kind": ...})."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _defaults(config: TrainConfig) -> dict[str, Any]:
+    try:
+        return flatten(to_dict(type(config)()))
+    except (TypeError, ValueError):  # a config class without defaults for every field: nothing is assumed
+        return {}
+
+
+def check_config(saved: Any, config: TrainConfig, path: Path, recipe_fields: Iterable[str]) -> list[str]:
+    """Refuse a resume that would silently compute something else; return the allowed changes ("key a -> b").
+
+    Raises:
+        UsageError: the checkpoint records no config, or a field that must match differs (named with its flag).
+    """
+    missing = [k for k in ALWAYS_RECORDED if k not in saved] if isinstance(saved, Mapping) else list(ALWAYS_RECORDED)
+    if missing:
+        raise UsageError(
+            f"checkpoint {path} records no config (no {', '.join(missing)}), so this run cannot be checked against the "
+            "one that wrote it; resume from a checkpoint trainlab wrote, or start over (--overwrite or a new --run-dir)"
+        )
+    fields = tuple(recipe_fields)
+    old, now = flatten(saved), flatten(to_dict(config))
+    defaults = _defaults(config)
+    changed = []
+    for key in sorted(now):
+        if key not in old:  # a field the writing version did not have: it behaved as the default
+            if key in defaults and now[key] != defaults[key] and not may_change(key, fields):
+                raise UsageError(
+                    f"checkpoint {path} does not record {key} (written by an older trainlab, which had none) and this "
+                    f"run sets {key}={now[key]!r}; resume with the default {_flag(key)} {defaults[key]!r}, or start "
+                    "over (--overwrite or a new --run-dir)"
+                )
+            continue
+        if old[key] == now[key]:
+            continue
+        if may_change(key, fields):
+            changed.append(f"{key} {old[key]!r} -> {now[key]!r}")
+            continue
+        raise UsageError(
+            f"checkpoint {path} was trained with {key}={old[key]!r} but this run has {key}={now[key]!r}; "
+            f"resume with the same {_flag(key)}, or start over (--overwrite or a new --run-dir)"
+        )
+    return changed
+
+
+# ------------------------------------------------------------------------------------------- structure
+def _damaged(path: Path, what: str) -> UsageError:
+    return UsageError(
+        f"checkpoint {path} is incomplete or damaged ({what}); resume from another checkpoint (ckpt/step_*.pt) or "
+        "start over with --overwrite"
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _mapping(state: Mapping[str, Any], key: str, path: Path) -> Mapping[str, Any]:
+    value = state.get(key)
+    if not isinstance(value, Mapping):
+        raise _damaged(path, f"{key!r} is {type(value).__name__}, not a mapping")
+    return value
+
+
+def check_structure(state: Mapping[str, Any], path: Path) -> None:
+    """Validate a training checkpoint's layout and types (not yet its fit to this run's models and data).
+
+    Raises:
+        UsageError: a missing or mistyped entry, named with the file and the fix.
+    """
+    for key in ("step", "epoch", "step_in_epoch"):
+        if not _is_int(state.get(key)) or state[key] < 0:
+            raise _damaged(path, f"{key!r} is {state.get(key)!r}, not a count")
+    if state.get("best_score") is not None and not _is_number(state["best_score"]):
+        raise _damaged(path, f"'best_score' is {state['best_score']!r}, not a number")
+    if state.get("best_step") is not None and not (_is_int(state["best_step"]) and state["best_step"] >= 0):
+        raise _damaged(path, f"'best_step' is {state['best_step']!r}, not a step")
+    if not isinstance(state.get("eval_pending", False), bool):
+        raise _damaged(path, f"'eval_pending' is {state['eval_pending']!r}, not true or false")
+    for key in ("models", "optimizers", "scalers", "schedulers"):
+        for name, entry in _mapping(state, key, path).items():
+            if not isinstance(entry, Mapping):
+                raise _damaged(path, f"{key}[{name!r}] is {type(entry).__name__}, not a mapping")
+    for name, weights in state["models"].items():
+        bad = [k for k, v in weights.items() if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise _damaged(path, f"models[{name!r}][{bad[0]!r}] is not a tensor")
+    for name, opt in state["optimizers"].items():
+        if not isinstance(opt.get("state"), Mapping) or not isinstance(opt.get("param_groups"), list):
+            raise _damaged(path, f"optimizers[{name!r}] has no 'state' mapping and 'param_groups' list")
+    for name, sched in state["schedulers"].items():
+        if not (_is_int(sched.get("last_step")) and _is_int(sched.get("total_steps"))):
+            raise _damaged(path, f"schedulers[{name!r}] has no integer 'last_step' and 'total_steps'")
+    _mapping(state, "recipe_state", path)
+    data = state.get("data")
+    if data is not None and not (
+        isinstance(data, Mapping) and _is_int(data.get("dataset_size")) and _is_int(data.get("steps_per_epoch"))
+    ):
+        raise _damaged(path, "'data' has no integer 'dataset_size' and 'steps_per_epoch'")
+    _check_rng(state.get("rng_per_rank"), path)
+
+
+def _check_rng(rngs: Any, path: Path) -> None:
+    """Every rank's RNG state must restore: tried on this process's generators, then put back as they were."""
+    if not isinstance(rngs, list) or not rngs:
+        raise _damaged(path, f"'rng_per_rank' is {rngs!r:.40}, not a list of every rank's RNG state")
+    current = rng_state()
+    try:
+        for rank, entry in enumerate(rngs):
+            if not isinstance(entry, Mapping):
+                raise _damaged(path, f"rng_per_rank[{rank}] is {type(entry).__name__}, not an RNG state")
+            try:
+                set_rng_state(dict(entry))
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as err:
+                raise _damaged(path, f"rng_per_rank[{rank}]: {type(err).__name__}: {str(err)[:80]}") from None
+    finally:
+        set_rng_state(current)
+
+
+# ------------------------------------------------------------------------------------- fit to this run
+def check_fits(
+    state: Mapping[str, Any],
+    path: Path,
+    *,
+    dataset_size: int,
+    steps_per_epoch: int,
+    total_steps: int,
+    batch_size: int,
+    phases: list[Phase],
+) -> None:
+    """The checkpoint against this run's data and optimizers (after `check_structure` and `check_config`).
+
+    Raises:
+        UsageError: another dataset size (the schedule's length would change), counters that do not add up, or
+            optimizer state that does not fit the parameters.
+    """
+    data = state.get("data")
+    if data is not None:
+        if (data["dataset_size"], data["steps_per_epoch"]) != (dataset_size, steps_per_epoch):
+            raise UsageError(
+                f"checkpoint {path} was trained on a dataset of {data['dataset_size']} samples "
+                f"({data['steps_per_epoch']} steps per epoch) but this run's has {dataset_size} samples "
+                f"({steps_per_epoch} steps per epoch at batch {batch_size}): the schedule's length would change; "
+                "resume with the same data (--data-root), or start over (--overwrite or a new --run-dir)"
+            )
+    else:  # written before checkpoints recorded the data: the schedulers' horizon says the same
+        for name, sched in state["schedulers"].items():
+            if sched["total_steps"] != total_steps:
+                raise UsageError(
+                    f"checkpoint {path} was trained with a schedule of {sched['total_steps']} steps ({name}) but this "
+                    f"run's data gives {total_steps} ({dataset_size} samples, {steps_per_epoch} steps per epoch at "
+                    f"batch {batch_size}): another dataset size; resume with the same data (--data-root), or start "
+                    "over (--overwrite or a new --run-dir)"
+                )
+    step, epoch, in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
+    if in_epoch >= steps_per_epoch or step != epoch * steps_per_epoch + in_epoch:
+        raise _damaged(
+            path, f"step {step} is not epoch {epoch} x {steps_per_epoch} steps + {in_epoch} steps into the epoch"
+        )
+    for phase in phases:
+        if phase.name not in state["optimizers"]:
+            raise _damaged(path, f"no optimizer state for phase {phase.name!r}")
+        _check_optimizer_state(state["optimizers"][phase.name], phase.optimizer, path, phase.name)
+
+
+def _check_optimizer_state(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, path: Path, name: str) -> None:
+    """Saved param groups of the same sizes, and each parameter's non-scalar state tensors of its shape."""
+    groups = saved["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        raise _damaged(
+            path, f"optimizer {name!r} has {len(groups)} parameter groups, this run {len(optimizer.param_groups)}"
+        )
+    params: dict[Any, nn.Parameter] = {}
+    for index, (old, new) in enumerate(zip(groups, optimizer.param_groups)):
+        ids = old.get("params") if isinstance(old, Mapping) else None
+        if not isinstance(ids, list) or len(ids) != len(new["params"]):
+            raise _damaged(path, f"optimizer {name!r} group {index} does not hold this run's parameters")
+        params.update(zip(ids, new["params"]))
+    for pid, entry in saved["state"].items():
+        param = params.get(pid)
+        if param is None or not isinstance(entry, Mapping):
+            raise _damaged(path, f"optimizer {name!r} holds state for an unknown parameter {pid!r}")
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                raise _damaged(
+                    path,
+                    f"optimizer {name!r} state {key!r} of a parameter has shape {tuple(value.shape)}, the parameter "
+                    f"{tuple(param.shape)}",
+                )
+
+
+# ------------------------------------------------------------------------------------------- the plan
+@dataclass
+class RelaunchPlan:
+    """What this launch does with its run directory: start fresh (replacing logs of an attempt that saved no
+    checkpoint), start over (`--overwrite`), or resume `state` read from `path`."""
+
+    kind: Literal["fresh", "overwrite", "resume"]
+    state: dict[str, Any] | None = None
+    path: Path | None = None
+    replace_logs: bool = False
+
+
+def plan_relaunch(
+    config: TrainConfig,
+    recipe_name: str,
+    recipe_fields: Iterable[str],
+    store: CheckpointStore,
+    run_dir: Path,
+) -> RelaunchPlan:
+    """Apply the relaunch rules (module docstring); reads the checkpoint to resume, deletes nothing.
+
+    Raises:
+        UsageError: contradictory flags, another recipe's run directory, a checkpoint that cannot be resumed here.
+    """
+    resume = config.resume or "never"
+    if config.overwrite:
+        if resume != "auto":
+            what = "never touch them" if resume == "never" else "continue that checkpoint"
+            raise UsageError(
+                f"--overwrite (start over, deleting the checkpoints in {run_dir}) contradicts --resume {resume} "
+                f"({what}): pass only one of them"
+            )
+        return RelaunchPlan("overwrite")
+    _check_run_dir_recipe(run_dir, recipe_name)
+    fields = tuple(recipe_fields)
+
+    def usable(state: dict[str, Any], path: Path) -> None:
+        check_structure(state, path)
+
+    if resume != "auto" and resume != "never":
+        path = Path(resume)
+        if not path.is_file():
+            raise UsageError(f"checkpoint {path} not found; pass an existing file, or --resume auto")
+        state = load_checkpoint(path)
+        _check_recipe(state, path, recipe_name)
+        usable(state, path)
+        return _resumable(state, path, config, fields)
+    if not store.exists():
+        return RelaunchPlan("fresh", replace_logs=(run_dir / "metrics.jsonl").exists())
+    if resume == "never":
+        raise UsageError(
+            f"{run_dir} holds a checkpoint; continue it with --resume auto (the default), start over with "
+            "--overwrite, or pass a new --run-dir"
+        )
+    state, path = store.load_latest(check=usable)
+    _check_recipe(state, path, recipe_name)
+    log.info("%s holds a checkpoint: resuming it (--overwrite starts over)", run_dir)
+    return _resumable(state, path, config, fields)
+
+
+def _resumable(state: dict[str, Any], path: Path, config: TrainConfig, fields: tuple[str, ...]) -> RelaunchPlan:
+    changed = check_config(state.get("config"), config, path, fields)
+    if changed:
+        log.info("resuming with changed settings (applied): %s", "; ".join(changed))
+    return RelaunchPlan("resume", state=state, path=path)
+
+
+def _check_recipe(state: Mapping[str, Any], path: Path, recipe_name: str) -> None:
+    if state.get("recipe") != recipe_name:
+        raise UsageError(f"checkpoint {path} is from recipe {state.get('recipe')!r}, not {recipe_name!r}")
+
+
+def _check_run_dir_recipe(run_dir: Path, recipe_name: str) -> None:
+    """A run directory is one recipe's: its config.yaml names it (logs without one are of an unknown recipe)."""
+    recorded = recorded_recipe(run_dir)
+    if recorded is not None and recorded != recipe_name:
+        raise UsageError(
+            f"{run_dir} holds a {recorded!r} run (its config.yaml), not {recipe_name!r}; pass another --run-dir, or "
+            "--overwrite to replace its checkpoints and logs"
+        )
+    if recorded is None and (run_dir / "metrics.jsonl").exists():
+        raise UsageError(
+            f"{run_dir} holds logs (metrics.jsonl) but no config.yaml naming their recipe; pass another --run-dir, "
+            "or --overwrite to replace them"
+        )
