@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainlab.cli import main
+from trainlab.errors import UsageError
 from trainlab.memory.allocator import GIB
 from trainlab.memory.breakdown import breakdown
 from trainlab.memory.gpus import gpu_profile
@@ -88,3 +90,17 @@ def test_the_largest_micro_batch_fits_and_the_next_does_not(capsys: pytest.Captu
     assert predicted_total(m, size_gib) <= out["gpu_bytes"] < predicted_total(m + 1, size_gib)
     assert batch % out["suggested_grad_accumulation"] == 0
     assert batch // out["suggested_grad_accumulation"] <= m
+
+
+def test_weights_read_under_fake_tensors_are_checked_by_shape_only() -> None:
+    """A plan reads a weights file under fake tensors: shapes and dtypes exist, values do not. The finite-value check
+    must not read placeholders (it called a real file non-finite, depending on what the process had run before)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainlab.user_files import check_state_dict
+
+    with FakeTensorMode():
+        weight_OI = torch.randn(3, 4)
+        check_state_dict({"weight": weight_OI}, {"weight": weight_OI}, source="weights w.pth")
+        with pytest.raises(UsageError, match="has shape"):
+            check_state_dict({"weight": torch.randn(4, 3)}, {"weight": weight_OI}, source="weights w.pth")

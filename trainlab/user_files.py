@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from trainlab.errors import UsageError, first_line
 
@@ -139,7 +140,7 @@ def check_state_dict(
             )
     bad: list[str] = []
     for k, tensor in found.items():
-        if not tensor.is_floating_point():
+        if not tensor.is_floating_point() or is_fake(tensor):  # the memory planner's fake tensors have no values
             continue
         values = tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
         ok = torch.isfinite(values) | (values == -torch.inf) if k in neg_inf_ok else torch.isfinite(values)
