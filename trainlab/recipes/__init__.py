@@ -1,11 +1,15 @@
-"""Recipes: a typed config plus build/train_step on the shared engine. Looked up by name, imported lazily."""
+"""Recipes: a typed config plus build/train_step on the shared engine. Looked up by name, imported lazily: listing
+the names imports no recipe (and no torch); `get_recipe` imports the one asked for."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from trainlab.engine.recipe import Recipe
 from trainlab.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainlab.engine.recipe import Recipe
 
 _RECIPES = {
     "toy": "trainlab.recipes.toy:ToyRecipe",
