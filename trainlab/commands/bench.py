@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from trainlab.config import option, parse
-from trainlab.engine.precision import LAB_PRECISIONS, Precision, PrecisionName, check_device_support
+from trainlab.engine.precision import Precision, check_device_support
+from trainlab.engine.precision_names import LAB_PRECISIONS, PrecisionName
 from trainlab.errors import UsageError, check_output_path
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from trainlab.config import FLOAT32_MAX, check_ranges, option
-from trainlab.engine.precision import PrecisionName
+from trainlab.engine.precision_names import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
 
 Batch = dict[str, torch.Tensor]
