@@ -302,7 +302,8 @@ def test_loader_errors(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
 
 
 def test_trainlab_run_checkpoints_are_unwrapped(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
-    """`ckpt/last.pt` of a tokenizer run (VQVAE + discriminator) and of a VAR run load as --vae / --var."""
+    """`ckpt/last.pt` of a tokenizer run (VQVAE + discriminator) and of a VAR run load as --tokenizer-weights /
+    --var-weights."""
     vae_path, var_path = debug_pair
     vae_sd, var_sd = torch.load(vae_path, weights_only=True), torch.load(var_path, weights_only=True)
     disc_sd = {"main.0.weight": torch.zeros(4, 3, 4, 4)}

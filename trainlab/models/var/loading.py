@@ -295,15 +295,15 @@ def load_tokenizer(path: str, preset: str, patch_nums: Sequence[int], *, seed: i
     if not path:
         if preset != "debug":
             raise UsageError(
-                "--tokenizer is required: download vae_ch160v4096z32.pth from huggingface.co/FoundationVision/var "
-                "(or export a trainlab tokenizer) and pass its path"
+                "--tokenizer-weights is required: download vae_ch160v4096z32.pth from "
+                "huggingface.co/FoundationVision/var (or export a trainlab tokenizer) and pass its path"
             )
         with torch.random.fork_rng(devices=[]):  # leaves the global RNG (VAR's init) untouched
             torch.manual_seed(seed + 7919)
             model = VQVAE(VQVAEConfig.preset("debug", patch_nums))
             with torch.no_grad():  # spread-out codes, so that images use many of them
                 model.quantize.embedding.weight.normal_(0.0, 0.5)
-        log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer given); only for tests and --debug")
+        log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer-weights given); only for tests and --debug")
         return model.freeze()
     state = read_state_dict(path, "VQVAE")
     _check_kind(state, path, "VQVAE")
