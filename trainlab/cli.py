@@ -1,11 +1,15 @@
 """The `trainlab` command: a thin dispatcher. Each subcommand's flags come from its typed config or its module.
 
     trainlab train RECIPE [--config file.yaml] [--field value ...]   (flags generated from the recipe's config)
+    trainlab plan RECIPE [--gpu NAME|GiB] [--gpus N] [--json] ...    (will the run fit? traced on fake tensors)
     trainlab bench precision ...                                     (every precision mode, then plots)
     trainlab report RUN_DIR [RUN_DIR ...]                            (plots and tables from run directories)
-    trainlab sample --vae PATH --var PATH --classes ...              (sample from VAR weights)
+    trainlab sample --tokenizer-weights PATH --var-weights PATH ...  (sample from VAR weights)
     trainlab demo [--quick]                                          (tokenizer + VAR on bundled digits, judged)
     trainlab launch [torchrun options] COMMAND ...                   (torchrun, exiting with the workers' code)
+
+Flags are one vocabulary across commands (`trainlab/vocabulary.py`). The dispatcher imports a command's module when
+it runs, and a command imports torch when it needs it: `--help`, `runs`, `report` and usage errors load no torch.
 
 One error boundary for every command: a user error (`UsageError`), an OS error (full disk, read-only or missing
 path, a file where a folder is expected, ...) and running out of memory print one line `trainlab CMD: error: ...`

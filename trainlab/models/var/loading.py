@@ -105,11 +105,13 @@ def _check_kind(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike[
     is_var = all(k in state_dict for k in _VAR_KEYS)
     is_vqvae = all(k in state_dict for k in _VQVAE_KEYS)
     if what == "VAR" and not is_var:
-        hint = "it is a VQVAE checkpoint: pass it as --vae" if is_vqvae else "its keys are not those of a VAR"
-        raise UsageError(f"{path} is not a VAR checkpoint ({hint}); --var expects var_d16.pth ... var_d36.pth")
+        hint = "it is a VQVAE checkpoint: pass it as --tokenizer-weights" if is_vqvae else "its keys are not a VAR's"
+        raise UsageError(f"{path} is not a VAR checkpoint ({hint}); --var-weights expects var_d16.pth ... var_d36.pth")
     if what == "VQVAE" and not is_vqvae:
-        hint = "it is a VAR checkpoint: pass it as --var" if is_var else "its keys are not those of a VQVAE"
-        raise UsageError(f"{path} is not a VQVAE checkpoint ({hint}); --vae expects vae_ch160v4096z32.pth")
+        hint = "it is a VAR checkpoint: pass it as --var-weights" if is_var else "its keys are not those of a VQVAE"
+        raise UsageError(
+            f"{path} is not a VQVAE checkpoint ({hint}); --tokenizer-weights expects vae_ch160v4096z32.pth"
+        )
 
 
 def infer_var_config(
