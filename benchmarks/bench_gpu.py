@@ -130,7 +130,7 @@ def var_sample(args: argparse.Namespace, work: Path, tokenizer: Path, var_path: 
     records = {}
     for batches in (1, 1 + extra):
         argv = trainlab(
-            "sample", "--vae-weights", tokenizer, "--var-weights", var_path, "--device", args.device,
+            "sample", "--tokenizer-weights", tokenizer, "--var-weights", var_path, "--device", args.device,
             "--classes", *range(batches * B), "--batch-size", B, "--guidance", 1.5, "--top-k", 900, "--top-p", 0.96,
             "--seed", 0, "--out", work / f"grid_{batches}.png",
         )  # fmt: skip
@@ -157,7 +157,7 @@ def precision_lab(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     argv = trainlab(
         "bench", "precision", "--model", args.precision_model, "--fake-data", args.precision_images,
         "--epochs", args.precision_epochs, "--batch-size", args.precision_batch_size, "--device", args.device,
-        "--num-workers", args.num_workers, "--seeds", 1, "--out-dir", out_dir,
+        "--num-workers", args.num_workers, "--num-seeds", 1, "--run-dir", out_dir,
     )  # fmt: skip
     run(argv, "precision")
     with (out_dir / "results.csv").open() as f:

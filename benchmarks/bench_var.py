@@ -230,7 +230,7 @@ class TrainVarCommand:
             "--epochs": a.train_epochs,
             "--dataset": "fake",
             "--fake-num-images": a.train_images,
-            "--tokenizer": self.tokenizer,
+            "--tokenizer-weights": self.tokenizer,
             "--use-token-cache": cached,
         }
         if compiled:

@@ -117,13 +117,13 @@ def main() -> None:
     train_args += ["--eval-every-epochs", str(args.eval_every_epochs), "--overwrite"]
     _, train_wall = run_cli(train_args)
     knn_base = ["eval", "knn", "--data", "digits", "--image-size", "16", "--seed", str(args.seed)]
-    knn_pre, _ = run_cli([*knn_base, "--checkpoint", ckpt])
-    knn_rand, _ = run_cli([*knn_base, "--checkpoint", "", "--arch", "resnet_debug"])
+    knn_pre, _ = run_cli([*knn_base, "--moco-weights", ckpt])
+    knn_rand, _ = run_cli([*knn_base, "--moco-weights", "", "--arch", "resnet_debug"])
     knn_pix, _ = run_cli([*knn_base, "--features", "pixels"])
-    probe_args = ["eval", "linear-probe", "--checkpoint", ckpt, "--run-dir", str(probe), "--overwrite"]
+    probe_args = ["eval", "linear-probe", "--moco-weights", ckpt, "--run-dir", str(probe), "--overwrite"]
     probe_args += ["--epochs", str(args.probe_epochs), "--seed", str(args.seed)]
     probe_out, probe_wall = run_cli(probe_args)
-    rand_probe_args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--run-dir"]
+    rand_probe_args = ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--run-dir"]
     rand_probe_args += [str(work / "linear-probe-random-init"), "--overwrite", "--epochs", str(args.probe_epochs)]
     rand_probe_args += ["--seed", str(args.seed)]
     rand_probe_out, _ = run_cli(rand_probe_args)

@@ -177,7 +177,8 @@ def test_malformed_var_and_vqvae_weights_are_one_line_naming_file_and_key(
     suffix = ".safetensors" if case == "int-dtype" else ".pth"
     bad = _mutated(var if which == "var" else vae, tmp_path / f"{case}{suffix}", mutate)
     vae, var = (vae, bad) if which == "var" else (bad, var)
-    argv = ["sample", "--vae", str(vae), "--var", str(var), "--classes", "1", "2", "--device", "cpu"]
+    argv = ["sample", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--classes", "1", "2"]
+    argv += ["--device", "cpu"]
     assert main([*argv, "--out", str(tmp_path / "grid.png")]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert str(bad) in line and re.search(pattern, line), line
@@ -190,8 +191,8 @@ def test_edit_refuses_nan_weights_in_one_line(
     vae, var = var_pair
     bad = _mutated(var, tmp_path / "nan.pth", _set("blocks.0.attn.proj.weight", _nan_at))
     Image.new("RGB", (16, 16), "white").save(tmp_path / "img.png")
-    argv = ["edit", "--vae", str(vae), "--var", str(bad), "--image", str(tmp_path / "img.png"), "--box", "0", "8"]
-    argv += ["16", "16", "--n", "1", "--out", str(tmp_path / "e.png"), "--device", "cpu"]
+    argv = ["edit", "--tokenizer-weights", str(vae), "--var-weights", str(bad), "--image", str(tmp_path / "img.png")]
+    argv += ["--box", "0", "8", "16", "16", "--num-results", "1", "--out", str(tmp_path / "e.png"), "--device", "cpu"]
     assert main(argv) == 2
     assert "blocks.0.attn.proj.weight holds 1 NaN" in _one_error_line(capsys.readouterr().err)
 
@@ -216,8 +217,8 @@ def test_out_dir_rerun_regenerates_damaged_pngs_and_refuses_foreign_ones(
 ) -> None:
     vae, var = var_pair
     out = tmp_path / "samples"
-    argv = ["sample", "--vae", str(vae), "--var", str(var), "--classes", "1", "2", "3", "--n-per-class", "2"]
-    argv += ["--batch-size", "2", "--out-dir", str(out), "--device", "cpu"]
+    argv = ["sample", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--classes", "1", "2", "3"]
+    argv += ["--samples-per-class", "2", "--batch-size", "2", "--out-dir", str(out), "--device", "cpu"]
     assert main(argv) == 0
     first = np.load(out / "samples.npz")["arr_0"]
     pngs = sorted(out.glob("*.png"))
@@ -242,8 +243,8 @@ def test_outputs_that_cannot_fit_are_refused_before_sampling(
 ) -> None:
     """10^8 images per class: the labels alone would exhaust memory; the .npz could never fit on the disk."""
     vae, var = var_pair
-    base = ["sample", "--vae", str(vae), "--var", str(var), "--classes", "all", "--n-per-class", "100000000"]
-    base += ["--device", "cpu"]
+    base = ["sample", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--classes", "all"]
+    base += ["--samples-per-class", "100000000", "--device", "cpu"]
     assert main([*base, "--out-dir", str(tmp_path / "huge")]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "100000000000 images of 16x16 make a" in line and "GiB samples.npz but only" in line
@@ -283,7 +284,7 @@ def test_damaged_judge_files_are_one_line(
     meta: dict[str, str] | None, nan: bool, pattern: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     judge = _judge_file(tmp_path, "bad.safetensors", meta=meta, nan=nan)
-    assert main(["eval", "judge", "--samples", str(tmp_path), "--judge", str(judge)]) == 2
+    assert main(["eval", "judge", "--samples", str(tmp_path), "--judge-weights", str(judge)]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert f"judge file {judge}" in line and pattern in line, line
 
@@ -303,7 +304,7 @@ def test_moco_without_predictor_or_with_nan_is_one_line(tmp_path: Path, capsys: 
     torch.save({**ckpt, "state_dict": nan}, tmp_path / "nan.pth.tar")
     for name, pattern in (("nopred", "lacks predictor.0.weight"), ("nan", "layer1.0.conv1.weight holds")):
         path = tmp_path / f"{name}.pth.tar"
-        assert main(["eval", "knn", "--checkpoint", str(path), "--subset", "32", "--k", "5"]) == 2
+        assert main(["eval", "knn", "--moco-weights", str(path), "--subset", "32", "--k", "5"]) == 2
         line = _one_error_line(capsys.readouterr().err)
         assert str(path) in line and pattern in line, line
 
@@ -364,7 +365,7 @@ def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest
     from trainlab.recipes.moco import knn_of_features, load_eval_images
 
     ckpt = _trainlab_moco(tmp_path, image_size=32)
-    assert main(["eval", "knn", "--checkpoint", str(ckpt), "--subset", "64", "--k", "5"]) == 0
+    assert main(["eval", "knn", "--moco-weights", str(ckpt), "--subset", "64", "--k", "5"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (printed["data"], printed["image_size"]) == ("digits", 32)
     model, _ = load_backbone(str(ckpt), "resnet_debug", 32)
@@ -376,7 +377,7 @@ def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest
 
 # ------------------------------------------------------------------------------------------------ linear probe
 def _probe_args(run: Path, *extra: str) -> list[str]:
-    args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--run-dir", str(run)]
+    args = ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--run-dir", str(run)]
     return [*args, "--eval-subset", "64", "--batch-size", "16", "--tensorboard", "false", "--progress", "false", *extra]
 
 
@@ -425,7 +426,7 @@ def test_linear_probe_config_resolves_data_from_the_checkpoint(tmp_path: Path) -
     from trainlab.recipes.linear_probe import LinearProbeRecipe
 
     ckpt = _trainlab_moco(tmp_path, image_size=32)
-    recipe = LinearProbeRecipe(dataclasses.replace(LinearProbeConfig(), checkpoint=str(ckpt), run_dir=tmp_path))
+    recipe = LinearProbeRecipe(dataclasses.replace(LinearProbeConfig(), moco_weights=str(ckpt), run_dir=tmp_path))
     assert (recipe.config.data, recipe.config.image_size) == ("digits", 32)
     assert recipe.example_batch(2)["image"].shape == (2, 3, 32, 32)
 

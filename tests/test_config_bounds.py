@@ -22,6 +22,7 @@ from trainlab.config import (
     Range,
     build_parser,
     check_ranges,
+    field_flag,
     field_range,
     from_dict,
     load_yaml,
@@ -97,7 +98,7 @@ class NumericField:
 
     @property
     def flag(self) -> str:
-        return "--" + self.dotted.replace("_", "-")
+        return field_flag(self.dotted, self.field)
 
     def __str__(self) -> str:
         return f"{self.cls.__name__}.{self.dotted}"
@@ -223,8 +224,9 @@ TOY = ["train", "toy", "--device", "cpu", "--max-steps", "2"]
 VAR = ["train", "var", "--depth", "2", "--embed-dim", "64", "--num-heads", "2", "--tokenizer-config", "debug"]
 TOKENIZER = ["train", "tokenizer", "--vqvae-preset", "debug", "--patch-nums", "1", "2", "3", "4", "--image-size", "16"]
 MOCO = ["train", "moco", "--arch", "resnet_debug", "--data", "digits", "--image-size", "16", "--eval-subset", "64"]
-SAMPLE = ["sample", "--vae", "v.pth", "--var", "w.pth", "--classes", "1", "--out", "g.png"]
-EDIT = ["edit", "--vae", "v.pth", "--var", "w.pth", "--image", "i.png", "--box", "0", "0", "8", "8", "--out", "g.png"]
+SAMPLE = ["sample", "--tokenizer-weights", "v.pth", "--var-weights", "w.pth", "--classes", "1", "--out", "g.png"]
+EDIT = ["edit", "--tokenizer-weights", "v.pth", "--var-weights", "w.pth", "--image", "i.png", "--box", "0", "0", "8"]
+EDIT += ["8", "--out", "g.png"]
 
 
 @pytest.mark.parametrize(
@@ -279,11 +281,11 @@ EDIT = ["edit", "--vae", "v.pth", "--var", "w.pth", "--image", "i.png", "--box",
         ([*MOCO, "--optimizer-momentum=-1"], "--optimizer-momentum must be in [0, 1), got -1"),
         ([*MOCO, "--arch", "vit_debug", "--image-size", "18"], "--image-size must be a multiple of 4, got 18"),
         ([*SAMPLE, "--seed", str(2**64)], "--seed must be in [0, 2**63), got 18446744073709551616"),
-        ([*SAMPLE, "--cfg", "inf"], "--guidance/--cfg must be a finite number in [0, 1000], got inf"),
-        ([*SAMPLE, "--cfg", "1e38"], "--guidance/--cfg must be in [0, 1000], got 1e+38"),
+        ([*SAMPLE, "--guidance", "inf"], "--guidance must be a finite number in [0, 1000], got inf"),
+        ([*SAMPLE, "--guidance", "1e38"], "--guidance must be in [0, 1000], got 1e+38"),
         ([*SAMPLE, "--top-p", "0"], "--top-p must be in (0, 1], got 0"),
-        ([*EDIT, "--cfg", "inf"], "--guidance/--cfg must be a finite number in [0, 1000], got inf"),
-        ([*EDIT, "--n", "0"], "--num-results/--n must be >= 1, got 0"),
+        ([*EDIT, "--guidance", "inf"], "--guidance must be a finite number in [0, 1000], got inf"),
+        ([*EDIT, "--num-results", "0"], "--num-results must be >= 1, got 0"),
         (["demo", "--guidance", "inf"], "--guidance must be a finite number in [0, 1000], got inf"),
         (["eval", "knn", "--temperature", "0"], "--temperature must be >= 0.02, got 0"),
         (["eval", "knn", "--temperature=-1"], "--temperature must be >= 0.02, got -1"),
@@ -293,7 +295,7 @@ EDIT = ["edit", "--vae", "v.pth", "--var", "w.pth", "--image", "i.png", "--box",
         (["eval", "knn", "--subset=-5"], "--subset must be >= 0, got -5"),
         (["eval", "knn", "--seed=-1"], "--seed must be in [0, 2**63), got -1"),
         (["eval", "linear-probe", "--base-learning-rate", "0"], "--base-learning-rate must be positive, got 0"),
-        (["bench", "precision", "--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["bench", "precision", "--num-seeds", "0"], "--num-seeds must be >= 1, got 0"),
         (["plan", "toy", "--dropout", "2"], "--dropout must be in [0, 1), got 2"),
     ],
 )  # fmt: skip

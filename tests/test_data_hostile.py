@@ -375,7 +375,8 @@ def test_eval_judge_on_a_folder_with_a_bomb_is_one_line_exit_2(
     samples = tmp_path / "samples"
     _png(samples / "000000_c0001.png", seed=0, size=(16, 16))
     bomb = _png_header(samples / "000001_c0002.png", 20000, 20000)
-    assert main(["eval", "judge", "--samples", str(samples), "--judge", str(tmp_path / "judge.safetensors")]) == 2
+    judge = ["--judge-weights", str(tmp_path / "judge.safetensors")]
+    assert main(["eval", "judge", "--samples", str(samples), *judge]) == 2
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if ": error: " in line]
     assert "Traceback" not in err
@@ -406,7 +407,7 @@ def test_edit_with_a_bomb_is_one_line_exit_2(
     image = _png(tmp_path / "in.png", seed=0)
     bomb = _png_header(tmp_path / "bomb.png", 20000, 20000)
     files = {"--image": image, "--mask": image} | {flag: bomb}
-    argv = ["edit", "--vae", str(weights["vae"]), "--var", str(weights["var"]), "--device", "cpu"]
+    argv = ["edit", "--tokenizer-weights", str(weights["vae"]), "--var-weights", str(weights["var"]), "--device", "cpu"]
     argv += ["--image", str(files["--image"]), "--mask", str(files["--mask"]), "--out", str(tmp_path / "out.png")]
     assert main(argv) == 2
     err = capsys.readouterr().err

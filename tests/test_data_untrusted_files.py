@@ -227,7 +227,7 @@ def test_a_file_asking_for_another_codec_is_refused(cifar: Path) -> None:
             "RUN",
         ],
         ["eval", "knn", "--data", "cifar10", "--features", "pixels", "--image-size", "32"],
-        ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--data", "cifar10", "RUN"],
+        ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--data", "cifar10", "RUN"],
     ],
     ids=["train-cifar", "train-moco", "eval-knn", "eval-linear-probe"],
 )
@@ -325,7 +325,7 @@ def test_eval_judge_on_a_poisoned_npz_is_one_line_exit_2(
     live, marker = payload
     save_judge(DigitJudge(resolution=8, width=4, feature_dim=8), tmp_path / "judge.safetensors")
     path = _npz(tmp_path / "evil.npz", True, arr_0=np.array([live], dtype=object))
-    assert main(["eval", "judge", "--samples", str(path), "--judge", str(tmp_path / "judge.safetensors")]) == 2
+    assert main(["eval", "judge", "--samples", str(path), "--judge-weights", str(tmp_path / "judge.safetensors")]) == 2
     err = capsys.readouterr().err
     assert not marker.exists() and "Traceback" not in err
     (line,) = [line for line in err.splitlines() if ": error: " in line]

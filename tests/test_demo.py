@@ -49,8 +49,8 @@ def test_quick_demo_writes_report_and_figures_then_continues_finished_stages(
     assert "conditional accuracy" in done.stdout
 
     grid = tmp_path / "grid.png"  # the run checkpoints load straight into `trainlab sample`
-    sample = [python, "-m", "trainlab", "sample", "--vae", str(run_dir / "tokenizer/ckpt/last.pt")]
-    sample += ["--var", str(run_dir / "var/ckpt/last.pt"), "--classes", "0", "7", "--out", str(grid)]
+    sample = [python, "-m", "trainlab", "sample", "--tokenizer-weights", str(run_dir / "tokenizer/ckpt/last.pt")]
+    sample += ["--var-weights", str(run_dir / "var/ckpt/last.pt"), "--classes", "0", "7", "--out", str(grid)]
     sampled = subprocess.run(sample, env=run_env, capture_output=True, text=True, timeout=300)
     assert sampled.returncode == 0, sampled.stderr[-2000:]
     assert grid.stat().st_size > 100

@@ -175,8 +175,8 @@ def test_sample_out_dir_is_consumed_directly(tmp_path: Path, weights: Path, caps
     vae = export_official(VQVAE(VQVAEConfig.debug()).freeze(), tmp_path / "vae.safetensors")
     var = export_official(VAR(VARConfig.debug()).eval(), tmp_path / "var.pth")
     out_dir = tmp_path / "samples"
-    argv = ["sample", "--vae", str(vae), "--var", str(var), "--classes", "3", "7", "--n-per-class", "3"]
-    assert main([*argv, "--out-dir", str(out_dir), "--device", "cpu"]) == 0
+    argv = ["sample", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--classes", "3", "7"]
+    assert main([*argv, "--samples-per-class", "3", "--out-dir", str(out_dir), "--device", "cpu"]) == 0
     capsys.readouterr()
     from_folder = _fid(capsys, out_dir, out_dir / "samples.npz", weights)
     assert from_folder["num_samples"] == from_folder["num_reference"] == 6
@@ -184,7 +184,8 @@ def test_sample_out_dir_is_consumed_directly(tmp_path: Path, weights: Path, caps
 
     judge = DigitJudge(resolution=SIDE, width=4, feature_dim=8)
     save_judge(judge, tmp_path / "judge.safetensors")
-    assert main(["eval", "judge", "--samples", str(out_dir), "--judge", str(tmp_path / "judge.safetensors")]) == 0
+    judge_weights = ["--judge-weights", str(tmp_path / "judge.safetensors")]
+    assert main(["eval", "judge", "--samples", str(out_dir), *judge_weights]) == 0
     printed = _json_line(capsys.readouterr().out)
     images_NHW3 = np.load(out_dir / "samples.npz")["arr_0"]
     predicted = predict(judge, torch.from_numpy(images_NHW3).permute(0, 3, 1, 2).float() / 127.5 - 1.0)
@@ -229,7 +230,8 @@ def test_judge_accuracy_on_real_digits(tmp_path: Path, capsys: pytest.CaptureFix
     heldout = load_digits_dataset(split="heldout").subset(torch.arange(300))
     pixels_NHW3 = ((heldout.images_N3HW + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
     folder = _write_folder(tmp_path / "digits", pixels_NHW3.numpy(), heldout.labels_N.tolist())
-    assert main(["eval", "judge", "--samples", str(folder), "--judge", str(tmp_path / "judge.safetensors")]) == 0
+    judge_weights = ["--judge-weights", str(tmp_path / "judge.safetensors")]
+    assert main(["eval", "judge", "--samples", str(folder), *judge_weights]) == 0
     printed = _json_line(capsys.readouterr().out)
     reread_N3HW = pixels_NHW3.permute(0, 3, 1, 2).float() / 127.5 - 1.0
     assert printed["judged_accuracy"] == pytest.approx(accuracy(judge, reread_N3HW, heldout.labels_N))
@@ -276,7 +278,7 @@ def test_bad_input_is_one_line_with_exit_code_2(
     from trainlab.demo.judge import DigitJudge, save_judge
 
     save_judge(DigitJudge(resolution=SIDE, width=4, feature_dim=8), tmp_path / "judge.safetensors")
-    judge = ["--judge", str(tmp_path / "judge.safetensors")]
+    judge = ["--judge-weights", str(tmp_path / "judge.safetensors")]
     _fails(["eval", "judge", "--samples", str(good), *judge], capsys, "has no class labels")
     np.savez(tmp_path / "unlabelled.npz", _images(4, seed=0))
     _fails(["eval", "judge", "--samples", str(tmp_path / "unlabelled.npz"), *judge], capsys, "has no class labels")

@@ -54,7 +54,7 @@ def test_linear_probe_on_an_image_folder_prints_the_final_accuracy(
     tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "lp"
-    args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--data", "image-folder"]
+    args = ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--data", "image-folder"]
     args += ["--data-root", str(folder), "--image-size", "32", "--epochs", "2", "--batch-size", "4"]
     args += ["--run-dir", str(run), "--tensorboard", "false", "--progress", "false", "--eval-every-epochs", "1"]
     assert main(args) == 0
@@ -139,7 +139,7 @@ def test_mismatched_class_folders_are_one_line(
     tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _write_png(folder / "val" / "dog" / "0.png", np.random.default_rng(1), 0)
-    args = ["eval", "linear-probe", "--checkpoint", "", "--data", "image-folder", "--data-root", str(folder)]
+    args = ["eval", "linear-probe", "--moco-weights", "", "--data", "image-folder", "--data-root", str(folder)]
     assert main([*args, "--image-size", "32", "--run-dir", str(tmp_path / "lp")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not the same names" in err[0], err

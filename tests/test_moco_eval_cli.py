@@ -46,7 +46,7 @@ def _one_error_line(err: str) -> str:
 
 
 def test_eval_knn_prints_the_in_process_accuracy(official_ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["eval", "knn", "--checkpoint", str(official_ckpt), "--subset", str(SUBSET), "--k", "20"]
+    args = ["eval", "knn", "--moco-weights", str(official_ckpt), "--subset", str(SUBSET), "--k", "20"]
     assert main([*args, "--image-size", "16"]) == 0
     printed = _json_line(capsys.readouterr().out)
     model, _ = load_backbone(str(official_ckpt), "resnet_debug", 16)
@@ -69,8 +69,8 @@ def test_eval_knn_baselines_and_a_trainlab_run(tmp_path: Path, capsys: pytest.Ca
     results = {}
     for name, extra in {
         "pixels": ["--features", "pixels"],
-        "random": ["--checkpoint", "", "--arch", "resnet_debug"],
-        "trainlab": ["--checkpoint", str(tmp_path / "run" / "ckpt" / "last.pt")],
+        "random": ["--moco-weights", "", "--arch", "resnet_debug"],
+        "trainlab": ["--moco-weights", str(tmp_path / "run" / "ckpt" / "last.pt")],
     }.items():
         assert main([*common, *extra]) == 0
         results[name] = _json_line(capsys.readouterr().out)
@@ -88,13 +88,13 @@ def test_eval_knn_baselines_and_a_trainlab_run(tmp_path: Path, capsys: pytest.Ca
 def test_missing_checkpoint_is_one_line(tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.pth.tar"
     extra = ["--run-dir", str(tmp_path / "lp")] if command == "linear-probe" else []
-    assert main(["eval", command, "--checkpoint", str(missing), *extra]) == 2
+    assert main(["eval", command, "--moco-weights", str(missing), *extra]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert f"checkpoint {missing} not found" in line
 
 
 def test_k_larger_than_the_bank_is_one_line(official_ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", "knn", "--checkpoint", str(official_ckpt), "--subset", "50", "--k", "51"]) == 2
+    assert main(["eval", "knn", "--moco-weights", str(official_ckpt), "--subset", "50", "--k", "51"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "k=51 must be between 1 and the bank size 50" in line
 
@@ -111,7 +111,7 @@ def test_linear_probe_checkpoint_is_refused(
     lincls = tmp_path / "model_best.pth.tar"
     torch.save({"epoch": 90, "arch": "resnet18", "state_dict": backbone, "best_acc1": torch.tensor(55.0)}, lincls)
     extra = ["--run-dir", str(tmp_path / "lp")] if command == "linear-probe" else []
-    assert main(["eval", command, "--checkpoint", str(lincls), *extra]) == 2
+    assert main(["eval", command, "--moco-weights", str(lincls), *extra]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "linear-classification checkpoint (main_lincls.py format" in line and "best_acc1=55.00" in line
 
@@ -120,7 +120,7 @@ def test_eval_linear_probe_prints_final_accuracy(
     tmp_path: Path, official_ckpt: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "lp"
-    args = ["eval", "linear-probe", "--checkpoint", str(official_ckpt), "--run-dir", str(run), "--eval-subset", "256"]
+    args = ["eval", "linear-probe", "--moco-weights", str(official_ckpt), "--run-dir", str(run), "--eval-subset", "256"]
     args += ["--epochs", "2", "--batch-size", "64", "--tensorboard", "false", "--progress", "false"]
     args += ["--eval-every-epochs", "1"]
     assert main(args) == 0
@@ -139,7 +139,7 @@ def test_linear_probe_changes_no_backbone_weight_or_statistic(tmp_path: Path, of
     checkpoint's, although the classifier trained; and the recipe's first-epoch check fires on a changed statistic."""
     cfg = LinearProbeRecipe(LinearProbeConfig()).debug_config()
     cfg = dataclasses.replace(
-        cfg, checkpoint=str(official_ckpt), run_dir=tmp_path / "lp", tensorboard=False, progress=False
+        cfg, moco_weights=str(official_ckpt), run_dir=tmp_path / "lp", tensorboard=False, progress=False
     )
     recipe = LinearProbeRecipe(cfg)
     trainer = Trainer(recipe)

@@ -1,11 +1,15 @@
 """The `trainlab` command: a thin dispatcher. Each subcommand's flags come from its typed config or its module.
 
     trainlab train RECIPE [--config file.yaml] [--field value ...]   (flags generated from the recipe's config)
+    trainlab plan RECIPE [--gpu NAME|GiB] [--gpus N] [--json] ...    (will the run fit? traced on fake tensors)
     trainlab bench precision ...                                     (every precision mode, then plots)
     trainlab report RUN_DIR [RUN_DIR ...]                            (plots and tables from run directories)
-    trainlab sample --vae PATH --var PATH --classes ...              (sample from VAR weights)
+    trainlab sample --tokenizer-weights PATH --var-weights PATH ...  (sample from VAR weights)
     trainlab demo [--quick]                                          (tokenizer + VAR on bundled digits, judged)
     trainlab launch [torchrun options] COMMAND ...                   (torchrun, exiting with the workers' code)
+
+Flags are one vocabulary across commands (`trainlab/vocabulary.py`). The dispatcher imports a command's module when
+it runs, and a command imports torch when it needs it: `--help`, `runs`, `report` and usage errors load no torch.
 
 One error boundary for every command: a user error (`UsageError`), an OS error (full disk, read-only or missing
 path, a file where a folder is expected, ...) and running out of memory print one line `trainlab CMD: error: ...`
@@ -23,7 +27,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from trainlab import dist
+from trainlab import launcher
 from trainlab.errors import UsageError
 from trainlab.host_memory import configure_host_allocator
 
@@ -110,10 +114,10 @@ def _out_of_memory(err: BaseException) -> bool:
 def _fail(name: str, message: str, exit_code: int) -> int:
     """Print the one line (rank 0 only under torchrun), hand it to torchrun's error file, return the exit code."""
     line = f"trainlab {name}: error: {' '.join(message.split())}"
-    if dist.launched_rank() == 0:
+    if launcher.launched_rank() == 0:
         print(line, file=sys.stderr)
-    dist.record_error_for_launcher(line)
-    dist.exit_failed_worker(exit_code)  # under torchrun: every rank ends with this code, never by the launcher's signal
+    launcher.record_error_for_launcher(line)
+    launcher.exit_failed_worker(exit_code)  # under torchrun: every rank ends with this code, not the launcher's signal
     return exit_code
 
 
@@ -126,7 +130,7 @@ def _launch(rest: list[str]) -> int:
     split = next((i for i, arg in enumerate(rest) if arg in _COMMANDS), None)
     if split is None:
         raise UsageError(f"no command to launch; name one of: {', '.join(_COMMANDS)} (after the torchrun options)")
-    return dist.launch(rest[:split], rest[split:])
+    return launcher.launch(rest[:split], rest[split:])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         return _fail(name, describe_os_error(err), 2)
     except KeyboardInterrupt:
-        if dist.launched_rank() == 0:
+        if launcher.launched_rank() == 0:
             print(f"trainlab {name}: interrupted", file=sys.stderr)
         return 130
     except (MemoryError, RuntimeError) as err:

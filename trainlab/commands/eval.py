@@ -1,11 +1,11 @@
 """`trainlab eval knn|linear-probe|fid|judge`: evaluate a MoCo v3 backbone, or put numbers on generated samples.
 
 MoCo v3 backbones (trainlab run or official):
-trainlab eval knn --checkpoint runs/moco/ckpt/last.pt --data digits --image-size 16
-trainlab eval knn --checkpoint '' --arch resnet_debug --data digits      (random-init baseline)
-trainlab eval knn --features pixels --data digits                        (raw-pixel baseline)
-trainlab eval linear-probe --checkpoint checkpoint_0099.pth.tar --data cifar10 --image-size 32
-trainlab eval linear-probe --checkpoint CKPT --data image-folder --data-root /data/imagenet --image-size 224
+trainlab eval knn --moco-weights runs/moco/ckpt/last.pt --data digits --image-size 16
+trainlab eval knn --moco-weights '' --arch resnet_debug --data digits      (random-init baseline)
+trainlab eval knn --features pixels --data digits                          (raw-pixel baseline)
+trainlab eval linear-probe --moco-weights checkpoint_0099.pth.tar --data cifar10 --image-size 32
+trainlab eval linear-probe --moco-weights CKPT --data image-folder --data-root /data/imagenet --image-size 224
     (<root>/train/<class>/*, <root>/val/<class>/*: train RandomResizedCrop + flip, eval Resize + CenterCrop)
 --data, --image-size and --data-root default to what the checkpoint was pretrained with (a trainlab run records them,
 an official ViT's position table fixes its side), else digits at 16 px; a value given that differs is used, with a
@@ -16,7 +16,7 @@ Generated samples (a folder of PNGs or an .npz with uint8 (N, H, W, 3) under arr
 trainlab eval fid --samples samples/ --reference VIRTUAL_imagenet256_labeled.npz --inception-weights inception.pth
     FID, Inception Score, precision/recall through torch-fidelity, Inception weights from the local file only; the
     reference's statistics are cached next to it (REF.fidelity-cache/); see trainlab/evaluate/fidelity.py
-trainlab eval judge --samples samples/ --judge runs/demo/judge.safetensors
+trainlab eval judge --samples samples/ --judge-weights runs/demo/judge.safetensors
     the demo judge's accuracy against the labels in the file names (NNNNNN_cCCCC.png), overall and per class
 Each prints one JSON line.
 """
@@ -29,9 +29,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from trainlab.config import option, parse
 from trainlab.errors import UsageError
@@ -39,14 +37,22 @@ from trainlab.models.moco import MocoArch
 from trainlab.recipes.linear_probe import DEFAULT_DATA, DEFAULT_IMAGE_SIZE
 from trainlab.recipes.moco import SslData, check_image_size, check_knn_k
 
+if TYPE_CHECKING:
+    import torch
+
 
 @dataclasses.dataclass(kw_only=True)
 class KnnConfig:
     """Weighted kNN accuracy (cosine, k=200, T=0.1) of backbone features: held-out images against the train split."""
 
-    checkpoint: str = option("", "MoCo checkpoint (official main_moco.py or trainlab ckpt/last.pt); '': random init")
+    moco_weights: str = option(
+        "",
+        "MoCo weights: an official main_moco.py checkpoint or a trainlab run's ckpt/last.pt; '': random init",
+        metavar="PATH",
+        deprecated=("--checkpoint",),
+    )
     features: Literal["backbone", "pixels"] = option("backbone", "backbone features, or raw pixels (baseline)")
-    arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
+    arch: MocoArch = option("resnet_debug", "backbone when --moco-weights is '' (the random-init baseline)")
     data: SslData | None = option(
         None, "digits, cifar10 or image-folder (data_root/train, data_root/val); default: the checkpoint's, else digits"
     )
@@ -66,10 +72,10 @@ class KnnConfig:
 
     def validate(self) -> None:
         # what is known before a checkpoint is read: the given values, or the defaults where none will be read
-        from_checkpoint = self.features == "backbone" and bool(self.checkpoint)
+        from_checkpoint = self.features == "backbone" and bool(self.moco_weights)
         data = self.data or (None if from_checkpoint else DEFAULT_DATA)
         size = self.image_size or (None if from_checkpoint else DEFAULT_IMAGE_SIZE)
-        random_backbone = self.features == "backbone" and not self.checkpoint
+        random_backbone = self.features == "backbone" and not self.moco_weights
         if data is not None and size is not None:
             check_image_size(data, size, self.arch if random_backbone else None)
         if data is not None:
@@ -77,6 +83,8 @@ class KnnConfig:
 
 
 def _knn(argv: list[str]) -> int:
+    import torch
+
     from trainlab.engine.loop import resolve_device
     from trainlab.recipes.linear_probe import load_backbone, resolve_eval_data
     from trainlab.recipes.moco import knn_of_features, load_eval_images
@@ -84,7 +92,7 @@ def _knn(argv: list[str]) -> int:
     c = parse(KnnConfig, argv, prog="trainlab eval knn")
     torch.manual_seed(c.seed)
     device = resolve_device(c.device)
-    checkpoint = c.checkpoint if c.features == "backbone" else ""
+    checkpoint = c.moco_weights if c.features == "backbone" else ""
     d = resolve_eval_data(checkpoint, c.data, c.image_size, c.data_root)
     check_knn_k(c.k, "--k", d.data, c.subset, "--subset")  # the data set may have come from the checkpoint
     images = load_eval_images(d.data, d.data_root, d.image_size, c.seed, c.subset)
@@ -93,7 +101,7 @@ def _knn(argv: list[str]) -> int:
         source = "raw pixels"
         features = partial(torch.flatten, start_dim=1)
     else:
-        model, source = load_backbone(c.checkpoint, c.arch, d.image_size)
+        model, source = load_backbone(c.moco_weights, c.arch, d.image_size)
         model = model.to(device).eval()
         features = model.features
     acc = knn_of_features(features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature)
@@ -189,11 +197,15 @@ class JudgeConfig:
     samples: Path = option(
         help="labelled images: a folder of NNNNNN_cCCCC.png, or an .npz (arr_0, arr_1)", metavar="DIR|NPZ"
     )
-    judge: Path = option(help="the demo's judge, e.g. runs/demo/judge.safetensors", metavar="PATH")
+    judge_weights: Path = option(
+        help="the demo's judge, e.g. runs/demo/judge.safetensors", metavar="PATH", deprecated=("--judge",)
+    )
     device: str = option("cpu", "cpu or cuda")
 
 
 def _fid(argv: list[str]) -> int:
+    import torch
+
     from trainlab.evaluate.fidelity import (
         compare_image_sets,
         file_sha256,
@@ -234,7 +246,7 @@ def _judge(argv: list[str]) -> int:
     from trainlab.evaluate.judge_accuracy import judged_accuracy
 
     c = parse(JudgeConfig, argv, prog="trainlab eval judge")
-    judge = load_judge(c.judge, device=resolve_device(c.device))
+    judge = load_judge(c.judge_weights, device=resolve_device(c.device))
     result = judged_accuracy(judge, read_image_set(c.samples, flag="--samples"))
     per_class = {str(k): {"images": n, "accuracy": acc} for k, (n, acc) in result.per_class.items()}
     print(json.dumps({"judged_accuracy": result.accuracy, "images": result.num_images, "per_class": per_class}))

@@ -73,16 +73,24 @@ REPORT_KEYS = (
 class DemoConfig:
     """Train a tokenizer and a class-conditional VAR on the bundled digits, then judge the samples."""
 
-    run_dir: Path = option(Path("runs/demo"), "output directory (stages in tokenizer/, var/; figures, report.json)")
+    run_dir: Path = option(
+        Path("runs/demo"),
+        "the demo's folder: stages in tokenizer/, var/, figures, report.json; launched again, it resumes",
+        metavar="DIR",
+    )
     quick: bool = option(False, "a 1-2 minute smoke run of the whole pipeline (what the test suite runs)")
     seed: int = option(0, "one seed for the judge, both training stages and sampling", ge=0, lt=2**63)
     device: str = option("cpu", "cpu, cuda, cuda:N or auto")
     threads: int = option(0, "torch CPU threads (0: torch's default, one per core)", ge=0)
     guidance: float = option(
-        1.5, "classifier-free guidance scale of the samples (trainlab sample --cfg)", ge=0, le=1000
+        1.5,
+        "classifier-free guidance scale of the samples (trainlab sample --guidance)",
+        metavar="SCALE",
+        ge=0,
+        le=1000,
     )
     samples_per_class: int = option(
-        50, "samples per class for the accuracy and FID (the grid shows 10 per class)", ge=1
+        50, "samples per class for the accuracy and FID (the grid shows 10 per class)", metavar="N", ge=1
     )
     progress: bool = option(True, "show progress bars (only on a TTY)")
 
@@ -126,7 +134,7 @@ def var_config(demo: DemoConfig, tokenizer_path: Path) -> VARTrainConfig:
         patch_nums=PATCH_NUMS,
         vocab_size=256,
         num_classes=NUM_CLASSES,
-        tokenizer=str(tokenizer_path),
+        tokenizer_weights=str(tokenizer_path),
         tokenizer_config="digits",
         use_token_cache=True,
         depth=4,

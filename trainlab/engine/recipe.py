@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from trainlab.config import FLOAT32_MAX, check_ranges, option
-from trainlab.engine.precision import PrecisionName
+from trainlab.engine.precision_names import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
 
 Batch = dict[str, torch.Tensor]
@@ -75,7 +75,11 @@ class StepInfo:
 class TrainConfig:
     """Engine settings shared by every recipe (recipes subclass this and add their own fields)."""
 
-    run_dir: Path = option(Path("runs/default"), "output directory (config, metrics.jsonl, tb/, ckpt/, plots/)")
+    run_dir: Path = option(
+        Path("runs/default"),
+        "the run's folder: config.yaml, metrics.jsonl, tb/, ckpt/, locked while it trains; launched again, it resumes",
+        metavar="DIR",
+    )
     seed: int = option(0, "one seed for init, data order and augmentation", ge=0, lt=2**63)
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (cuda when available, else cpu; logged)")
     precision: PrecisionName = option(
@@ -98,7 +102,9 @@ class TrainConfig:
         2, "keep the last K saves (ckpt/step_*.pt): a corrupt last.pt falls back to them", ge=1
     )
     resume: str = option(
-        "auto", "auto: continue from run_dir's checkpoint if there is one; never: refuse to touch one; or a path"
+        "auto",
+        "auto: continue from run_dir's checkpoint if there is one; never: refuse to touch one; or a path",
+        metavar="auto|never|PATH",
     )
     overwrite: bool = option(False, "start over in a run_dir that holds a checkpoint (deletes its ckpt/ and logs)")
     max_skipped_steps: int = option(

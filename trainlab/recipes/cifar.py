@@ -33,7 +33,9 @@ from trainlab.models.registry import create_model, list_models
 class CifarConfig(TrainConfig):
     """Train a CIFAR-10 classifier (VGG-11/13/16/19, ResNet-18/34/50 with CIFAR stems, or their debug variants)."""
 
-    run_dir: Path = option(Path("runs/cifar"), "output directory")
+    run_dir: Path = option(
+        Path("runs/cifar"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
+    )
     model: str = option("resnet18", "vgg11, vgg13, vgg16, vgg19, resnet18, resnet34, resnet50, vgg_debug, resnet_debug")
     data_root: Path = option(Path("data/cifar10"), "folder holding cifar-10-batches-py/")
     download: bool = option(False, "download CIFAR-10 into data_root if it is missing (needs the network)")

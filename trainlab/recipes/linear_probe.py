@@ -165,9 +165,18 @@ def resolve_eval_data(
 class LinearProbeConfig(TrainConfig):
     """Linear classification on frozen MoCo v3 features (official main_lincls.py protocol)."""
 
-    run_dir: Path = option(Path("runs/linear-probe"), "output directory")
-    checkpoint: str = option("", "MoCo checkpoint (official main_moco.py or trainlab ckpt/last.pt); '': random init")
-    arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
+    run_dir: Path = option(
+        Path("runs/linear-probe"),
+        "the run's folder: config, metrics, checkpoints; launched again, it resumes",
+        metavar="DIR",
+    )
+    moco_weights: str = option(
+        "",
+        "MoCo weights: an official main_moco.py checkpoint or a trainlab run's ckpt/last.pt; '': random init",
+        metavar="PATH",
+        deprecated=("--checkpoint",),
+    )
+    arch: MocoArch = option("resnet_debug", "backbone when --moco-weights is '' (the random-init baseline)")
     data: SslData | None = option(
         None,
         "digits, cifar10 or image-folder (data_root/train/<class>, data_root/val/<class>); "
@@ -192,10 +201,10 @@ class LinearProbeConfig(TrainConfig):
     def validate(self) -> None:
         super().validate()
         # what is known before the checkpoint is read: the given values, or the defaults without a checkpoint
-        data = self.data or (None if self.checkpoint else DEFAULT_DATA)
-        size = self.image_size or (None if self.checkpoint else DEFAULT_IMAGE_SIZE)
+        data = self.data or (None if self.moco_weights else DEFAULT_DATA)
+        size = self.image_size or (None if self.moco_weights else DEFAULT_IMAGE_SIZE)
         if data is not None and size is not None:
-            check_image_size(data, size, None if self.checkpoint else self.arch)
+            check_image_size(data, size, None if self.moco_weights else self.arch)
 
     def eval_data(self) -> EvalData:
         """The data set, side and root the probe reads (see `resolve_eval_data`); all three set once resolved."""
@@ -206,12 +215,12 @@ class LinearProbeConfig(TrainConfig):
 class LinearProbeRecipe(Recipe[LinearProbeConfig]):
     name = "linear-probe"
     config_class = LinearProbeConfig
-    resume_must_match = ("checkpoint", "data", "image_size", "augment")
+    resume_must_match = ("moco_weights", "data", "image_size", "augment")
     resume_may_change = ("data_root",)  # a moved dataset (another size is refused)
 
     def __init__(self, config: LinearProbeConfig) -> None:
         if config.data is None or config.image_size is None or config.data_root is None:  # from the checkpoint
-            found = resolve_eval_data(config.checkpoint, config.data, config.image_size, config.data_root)
+            found = resolve_eval_data(config.moco_weights, config.data, config.image_size, config.data_root)
             config = dataclasses.replace(
                 config, data=found.data, image_size=found.image_size, data_root=found.data_root
             )
@@ -250,7 +259,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
 
     def build(self, device: torch.device) -> TrainParts:
         c, side = self.config, self.config.eval_data().image_size
-        moco, self.source = load_backbone(c.checkpoint, c.arch, side)
+        moco, self.source = load_backbone(c.moco_weights, c.arch, side)
         backbone = Backbone(moco).to(device).eval()  # eval before any forward: train mode would move BN statistics
         self._initial = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
         with torch.no_grad():

@@ -43,7 +43,9 @@ OptimizerName = Literal["lars", "adamw"]
 class MocoConfig(TrainConfig):
     """MoCo v3 pretraining of a ResNet or ViT (official defaults: ResNet-50, LARS, T 1.0; see configs/moco_*)."""
 
-    run_dir: Path = option(Path("runs/moco"), "output directory")
+    run_dir: Path = option(
+        Path("runs/moco"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
+    )
     arch: MocoArch = option("resnet18_cifar", "backbone: " + ", ".join(MOCO_ARCHS))
     data: SslData = option("cifar10", "digits (bundled, CPU), cifar10 (data_root/cifar-10-batches-py) or image-folder")
     data_root: Path = option(

@@ -84,7 +84,11 @@ _ARCH_FIELDS = (
 class TokenizerConfig(TrainConfig):
     """Train VAR's multi-scale VQVAE tokenizer VQGAN-style (pixel + perceptual + PatchGAN losses; VQ or EMA codes)."""
 
-    run_dir: Path = option(Path("runs/tokenizer"), "output directory")
+    run_dir: Path = option(
+        Path("runs/tokenizer"),
+        "the run's folder: config, metrics, checkpoints; launched again, it resumes",
+        metavar="DIR",
+    )
     # ---- VQVAE architecture (defaults: the official vae_ch160v4096z32, 256 px)
     vqvae_preset: Literal["custom", "official", "digits", "debug"] = option(
         "custom", "custom: the architecture fields below; else a VQVAE preset (official 256 px, digits / debug 16 px)"
@@ -112,7 +116,9 @@ class TokenizerConfig(TrainConfig):
     # ---- reconstruction and codebook
     reconstruction_loss: Literal["l1", "l2"] = option("l1", "pixel loss (taming: l1)")
     perceptual_loss_weight: float = option(1.0, "weight of the perceptual term (taming: 1.0)", ge=0)
-    perceptual_weights: str = option("", "local torchvision vgg16 state_dict (+ optional LPIPS lin weights); '': off")
+    perceptual_weights: str = option(
+        "", "local torchvision vgg16 state_dict (+ optional LPIPS lin weights); '': off", metavar="PATH"
+    )
     codebook_mode: Literal["vq", "ema"] = option("vq", "vq: codebook by gradient; ema: EMA updates (decay below)")
     commitment_beta: float = option(0.25, "commitment weight beta of the VQ loss", ge=0)
     codebook_weight: float = option(1.0, "weight of the VQ loss in the generator loss (taming: 1.0)", ge=0)
@@ -137,7 +143,9 @@ class TokenizerConfig(TrainConfig):
     batch_size: int = option(64, "global batch per optimizer step", gt=0)
     schedule: ScheduleConfig = option(ScheduleConfig(kind="constant"), "learning-rate schedule (taming: constant)")
     # ---- evaluation
-    inception_weights: str = option("", "local torch-fidelity Inception weights (pt_inception-2015-12-05) for rFID")
+    inception_weights: str = option(
+        "", "local torch-fidelity Inception weights (pt_inception-2015-12-05) for rFID", metavar="PATH"
+    )
 
     def validate(self) -> None:
         super().validate()

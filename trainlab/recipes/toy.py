@@ -26,7 +26,9 @@ from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, 
 class ToyConfig(TrainConfig):
     """Synthetic Gaussian-cluster classification with a small MLP (engine smoke tests and demos)."""
 
-    run_dir: Path = option(Path("runs/toy"), "output directory")
+    run_dir: Path = option(
+        Path("runs/toy"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
+    )
     num_samples: int = option(512, "training samples", ge=1)
     num_features: int = option(16, "input features", ge=1)
     num_classes: int = option(4, "classes", ge=1)

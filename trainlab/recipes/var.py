@@ -1,6 +1,6 @@
 """VAR: class-conditional next-scale prediction, trained by teacher forcing on the token maps of a FROZEN tokenizer.
 
-`trainlab train var --config var_d16 --data-root /path/imagenet --tokenizer vae_ch160v4096z32.pth`
+`trainlab train var --config var_d16 --data-root /path/imagenet --tokenizer-weights vae_ch160v4096z32.pth`
 
 What one step does (official `trainer.py: train_step`):
     tokens  = tokenizer.img_to_idx(image)               (or read from the token cache); float32, autocast off
@@ -27,7 +27,7 @@ Metrics (every logged step; fractions, not the official percentages):
 Evaluation reports the same with a `val_` prefix, class dropout OFF. Deviation: the official `eval_ep` keeps the
 10 % class dropout in evaluation (its VAR applies dropout in eval mode too), so its val loss is slightly higher.
 
-Tokenizer: loaded from `--tokenizer` (official `vae_ch160v4096z32.pth`, a trainlab-exported VQVAE state_dict as
+Tokenizer: loaded from `--tokenizer-weights` (official `vae_ch160v4096z32.pth`, a trainlab-exported VQVAE state_dict as
 .pth/.safetensors, a trainlab checkpoint holding a VQVAE, or an official `ar-ckpt-*.pth`), frozen (eval,
 requires_grad False): one of the engine's frozen models, in no phase, not DDP-wrapped, not in `ckpt/last.pt`
 (which stays VAR-only and small); instead the checkpoint records the SHA-256 of its weights and a resume with
@@ -101,7 +101,9 @@ class VARTrainConfig(TrainConfig):
     wpe 0.1); configs/var_d{16,20,24,30}.yaml hold all four README rows with their sources.
     """
 
-    run_dir: Path = option(Path("runs/var"), "output directory")
+    run_dir: Path = option(
+        Path("runs/var"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
+    )
     # ---------------------------------------------------------------------------------------------- model
     depth: int = option(16, "transformer blocks; width 64 x depth and depth heads unless overridden (official)", ge=1)
     embed_dim: int = option(-1, "width C (-1: 64 x depth)", ge=1, sentinels=(-1,))
@@ -125,9 +127,16 @@ class VARTrainConfig(TrainConfig):
     init_std: float = option(
         -1.0, "std of Linear/Embedding weights (-1: sqrt(1 / (3C)), official ini)", gt=0, sentinels=(-1,)
     )
-    init_from: str = option("", "fine-tune from official var_d*.pth weights (strict load; '' = from scratch)")
+    init_from: str = option(
+        "", "fine-tune from official var_d*.pth weights (strict load; '' = from scratch)", metavar="PATH"
+    )
     # ------------------------------------------------------------------------------------------ tokenizer
-    tokenizer: str = option("", "frozen tokenizer weights: vae_ch160v4096z32.pth or a trainlab-exported VQVAE")
+    tokenizer_weights: str = option(
+        "",
+        "frozen tokenizer (VQVAE) weights: vae_ch160v4096z32.pth, or a trainlab tokenizer export or checkpoint",
+        metavar="PATH",
+        deprecated=("--tokenizer",),
+    )
     tokenizer_config: TokenizerArchitecture = option(
         "auto", "tokenizer architecture: auto (from the weights) or a VQVAE preset (official = ch160 v4096 z32)"
     )
@@ -243,7 +252,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
     supports_activation_checkpointing = True  # per transformer block
     resume_may_change = (
         "data_root",
-        "tokenizer",  # a moved file: the checkpoint keeps the weights' SHA-256 and refuses others
+        "tokenizer_weights",  # a moved file: the checkpoint keeps the weights' SHA-256 and refuses others
         "eval_batch_size",
         "eval_max_images",
         "token_cache_path",
@@ -287,7 +296,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
     # -------------------------------------------------------------------------------------------- build
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
-        tokenizer = load_tokenizer(c.tokenizer, c.tokenizer_config, c.patch_nums, seed=c.seed)
+        tokenizer = load_tokenizer(c.tokenizer_weights, c.tokenizer_config, c.patch_nums, seed=c.seed)
         _check_tokenizer(c, tokenizer)
         self.tokenizer_hash = tokenizer_sha256(tokenizer)
         # NHWC convolutions and SDPA in the encoder's attention: the same tokens, ~1.3x faster encoding on CPU
@@ -462,7 +471,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         if saved and self.tokenizer_hash and saved != self.tokenizer_hash:
             raise UsageError(
                 f"the checkpoint was trained with other tokenizer weights (sha256 {saved[:12]}..., this run "
-                f"{self.tokenizer_hash[:12]}...); pass the same --tokenizer to resume"
+                f"{self.tokenizer_hash[:12]}...); pass the same --tokenizer-weights to resume"
             )
 
     def debug_config(self) -> VARTrainConfig:
@@ -477,7 +486,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
             image_size=16,
             vocab_size=64,
             num_classes=10,
-            tokenizer="",
+            tokenizer_weights="",
             tokenizer_config="debug",
             init_from="",
             dataset="fake",

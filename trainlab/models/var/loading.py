@@ -105,11 +105,13 @@ def _check_kind(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike[
     is_var = all(k in state_dict for k in _VAR_KEYS)
     is_vqvae = all(k in state_dict for k in _VQVAE_KEYS)
     if what == "VAR" and not is_var:
-        hint = "it is a VQVAE checkpoint: pass it as --vae" if is_vqvae else "its keys are not those of a VAR"
-        raise UsageError(f"{path} is not a VAR checkpoint ({hint}); --var expects var_d16.pth ... var_d36.pth")
+        hint = "it is a VQVAE checkpoint: pass it as --tokenizer-weights" if is_vqvae else "its keys are not a VAR's"
+        raise UsageError(f"{path} is not a VAR checkpoint ({hint}); --var-weights expects var_d16.pth ... var_d36.pth")
     if what == "VQVAE" and not is_vqvae:
-        hint = "it is a VAR checkpoint: pass it as --var" if is_var else "its keys are not those of a VQVAE"
-        raise UsageError(f"{path} is not a VQVAE checkpoint ({hint}); --vae expects vae_ch160v4096z32.pth")
+        hint = "it is a VAR checkpoint: pass it as --var-weights" if is_var else "its keys are not those of a VQVAE"
+        raise UsageError(
+            f"{path} is not a VQVAE checkpoint ({hint}); --tokenizer-weights expects vae_ch160v4096z32.pth"
+        )
 
 
 def infer_var_config(
@@ -295,15 +297,15 @@ def load_tokenizer(path: str, preset: str, patch_nums: Sequence[int], *, seed: i
     if not path:
         if preset != "debug":
             raise UsageError(
-                "--tokenizer is required: download vae_ch160v4096z32.pth from huggingface.co/FoundationVision/var "
-                "(or export a trainlab tokenizer) and pass its path"
+                "--tokenizer-weights is required: download vae_ch160v4096z32.pth from "
+                "huggingface.co/FoundationVision/var (or export a trainlab tokenizer) and pass its path"
             )
         with torch.random.fork_rng(devices=[]):  # leaves the global RNG (VAR's init) untouched
             torch.manual_seed(seed + 7919)
             model = VQVAE(VQVAEConfig.preset("debug", patch_nums))
             with torch.no_grad():  # spread-out codes, so that images use many of them
                 model.quantize.embedding.weight.normal_(0.0, 0.5)
-        log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer given); only for tests and --debug")
+        log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer-weights given); only for tests and --debug")
         return model.freeze()
     state = read_state_dict(path, "VQVAE")
     _check_kind(state, path, "VQVAE")
