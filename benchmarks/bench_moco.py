@@ -41,7 +41,8 @@ import torch
 from _env import environment, result_path, run_metrics, settings, write_result
 from torch.utils.data import DataLoader
 
-from trainlab.data.ssl_views import HALF, TensorTwoViews, ViewSpec
+from trainlab.data.ssl_views import TensorTwoViews
+from trainlab.data.transforms import HALF, TwoViews
 from trainlab.models.moco import MoCo, cosine_momentum
 from trainlab.optim import LARS
 from trainlab.recipes.moco import load_train_images
@@ -131,7 +132,7 @@ def run_official(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         optimizer = torch.optim.AdamW(params, lr, weight_decay=case.weight_decay)
     images, labels = load_train_images("digits", Path("unused"), case.image_size, 0)
     n = case.batch * args.steps
-    spec = ViewSpec(image_size=case.image_size, crop_min=0.2, blur=False, mean=HALF, std=HALF)
+    spec = TwoViews(image_size=case.image_size, crop_min=0.2, blur=False, mean=HALF, std=HALF)
     dataset = TensorTwoViews(images[:n], labels[:n], spec, seed=0)
     loader = DataLoader(dataset, batch_size=case.batch, shuffle=True, drop_last=True, num_workers=0)
     total = args.epochs * args.steps

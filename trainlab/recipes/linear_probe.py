@@ -6,7 +6,7 @@ weight decay 0), lr = base (ResNet 0.1, ViT 3) x batch / 256, cosine. After the 
 evaluation) a check asserts that no backbone weight or BN statistic changed. The final-epoch accuracy is the result;
 the best evaluated epoch only a labelled extra (choosing it uses the test set).
 
-Data (`trainlab.data.probe_views`): `--data image-folder --data-root DIR` reads DIR/train/<class>/* and
+Data (`trainlab.data.resized_crops`): `--data image-folder --data-root DIR` reads DIR/train/<class>/* and
 DIR/val/<class>/* (any number of classes, ImageNet mean / std) with the official transforms at side S =
 `--image-size`: train RandomResizedCrop(S, scale (0.08, 1)) + flip, drawn as a pure function of (seed, epoch, index);
 eval Resize(round(S * 256 / 224)) + CenterCrop(S). CIFAR-10 trains with the same RandomResizedCrop(32) + flip (the
@@ -38,9 +38,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import option
-from trainlab.data.probe_views import ProbeFolder, ProbeTensorViews
-from trainlab.data.ssl_views import IMAGENET_MEAN, IMAGENET_STD
+from trainlab.data.resized_crops import ResizedCropFolder, ResizedCropTensors
 from trainlab.data.tensors import NamedTensorDataset
+from trainlab.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
@@ -217,7 +217,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
             config.validate()
         super().__init__(config)
         self._images: EvalImages | None = None
-        self._folders: tuple[ProbeFolder, ProbeFolder] | None = None
+        self._folders: tuple[ResizedCropFolder, ResizedCropFolder] | None = None
         self._initial: dict[str, torch.Tensor] = {}
         self.source = ""
 
@@ -228,13 +228,13 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
             self._images = load_eval_images(d.data, d.data_root, d.image_size, c.seed, c.eval_subset)
         return self._images
 
-    def _folder_splits(self) -> tuple[ProbeFolder, ProbeFolder]:
+    def _folder_splits(self) -> tuple[ResizedCropFolder, ResizedCropFolder]:
         """data_root/train (train transform) and data_root/val (eval transform); the class folders must match."""
         if self._folders is None:
             c, d = self.config, self.config.eval_data()
             common = {"image_size": d.image_size, "seed": c.seed, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
-            train = ProbeFolder(d.data_root / "train", train=c.augment, subset=c.eval_subset, **common)  # type: ignore[arg-type]
-            val = ProbeFolder(d.data_root / "val", train=False, subset=c.eval_subset, **common)  # type: ignore[arg-type]
+            train = ResizedCropFolder(d.data_root / "train", train=c.augment, limit=c.eval_subset, **common)  # type: ignore[arg-type]
+            val = ResizedCropFolder(d.data_root / "val", train=False, limit=c.eval_subset, **common)  # type: ignore[arg-type]
             if train.classes != val.classes:
                 raise UsageError(
                     f"{d.data_root}: train/ has {len(train.classes)} class folders and val/ {len(val.classes)}, "
@@ -274,7 +274,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
             if c.eval_subset > 0:
                 images_N3HW, labels_N = images_N3HW[: c.eval_subset], labels_N[: c.eval_subset]
             mean, std = normalisation(d.data)
-            return ProbeTensorViews(images_N3HW, labels_N, image_size=d.image_size, seed=c.seed, mean=mean, std=std)
+            return ResizedCropTensors(images_N3HW, labels_N, image_size=d.image_size, seed=c.seed, mean=mean, std=std)
         images = self._data()
         return NamedTensorDataset(image=images.bank_N3HW, label=images.bank_labels_N)
 

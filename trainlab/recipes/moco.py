@@ -27,7 +27,8 @@ from torch.utils.data import Dataset
 
 from trainlab import dist
 from trainlab.config import option
-from trainlab.data.ssl_views import HALF, IMAGENET_MEAN, IMAGENET_STD, TensorTwoViews, ViewSpec, normalise
+from trainlab.data.ssl_views import TensorTwoViews
+from trainlab.data.transforms import HALF, IMAGENET_MEAN, IMAGENET_STD, TwoViews, normalise
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -273,7 +274,7 @@ class MocoRecipe(Recipe[MocoConfig]):
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
         mean, std = normalisation(c.data)
-        spec = ViewSpec(image_size=c.image_size, crop_min=c.crop_min, blur=c.blur, mean=mean, std=std)
+        spec = TwoViews(image_size=c.image_size, crop_min=c.crop_min, blur=c.blur, mean=mean, std=std)
         if c.data == "image-folder":
             from trainlab.data.ssl_views import FolderTwoViews
 
