@@ -75,7 +75,7 @@ def test_missing_root_is_a_usage_error(tmp_path: Path) -> None:
     message = str(info.value)
     assert message == (
         f"CIFAR-10 not found under {tmp_path / 'nowhere'} (expected {tmp_path / 'nowhere' / 'cifar-10-batches-py'}); "
-        "pass --download to fetch it, or --data-root to point at it"
+        "pass --data.download to fetch it, or --data.root to point at it"
     )
     assert "\n" not in message
 
@@ -84,7 +84,7 @@ def test_incomplete_and_corrupt_dataset_errors(tmp_path: Path) -> None:
     root = write_fake_cifar10(tmp_path, num_train=20, num_test=10)
     folder = root / "cifar-10-batches-py"
     (folder / "data_batch_3").write_bytes((folder / "data_batch_3").read_bytes()[:100])  # truncated
-    with pytest.raises(UsageError, match=r"data_batch_3 is corrupt or unreadable .*--download"):
+    with pytest.raises(UsageError, match=r"data_batch_3 is corrupt or unreadable .*--data.download"):
         load_cifar10(root, train=True)
     (folder / "data_batch_3").unlink()
     with pytest.raises(UsageError, match=r"incomplete \(missing data_batch_3"):

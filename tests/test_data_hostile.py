@@ -355,9 +355,9 @@ def test_all_corrupt_images_with_two_workers_is_one_line_from_the_cli(
     root = tmp_path / "data"
     for split in ("train", "val"):
         _unreadable_folder(root / split, n=8)
-    argv = ["train", "moco", "--arch", "resnet_debug", "--data", "image-folder", "--image-size", "16"]
-    argv += ["--batch-size", "4", "--epochs", "1", "--device", "cpu", "--eval-subset", "4", "--knn-k", "3"]
-    argv += ["--data-root", str(root), "--run-dir", str(tmp_path / "run"), "--num-workers", "2", "--progress", "false"]
+    argv = ["train", "moco", "--arch", "resnet_debug", "--data.kind", "image-folder", "--image-size", "16"]
+    argv += ["--batch-size", "4", "--epochs", "1", "--device", "cpu", "--data.eval-limit", "4", "--knn-k", "3"]
+    argv += ["--data.root", str(root), "--run-dir", str(tmp_path / "run"), "--num-workers", "2", "--progress", "false"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if ": error: " in line]

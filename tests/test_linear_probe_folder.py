@@ -1,4 +1,4 @@
-"""`trainlab eval linear-probe --data image_folder` on a tiny ImageNet-layout folder written to tmp_path: the run
+"""`trainlab eval linear-probe --data.kind image-folder` on a tiny ImageNet-layout folder written to tmp_path: the run
 prints its final-epoch accuracy; the train views (RandomResizedCrop + flip) are a pure function of (seed, epoch,
 index); the eval transform is the official Resize(S * 256/224) + CenterCrop(S); the backbone never changes."""
 
@@ -18,8 +18,7 @@ from trainlab.cli import main
 from trainlab.data.resized_crops import ResizedCropFolder, ResizedCropTensors
 from trainlab.data.transforms import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_flip, resize_center_crop
 from trainlab.engine.loop import Trainer
-from trainlab.recipes.linear_probe import LinearProbeConfig, LinearProbeRecipe
-from trainlab.recipes.moco import EvalImages
+from trainlab.recipes.linear_probe import LinearProbeConfig, LinearProbeRecipe, ProbeData
 
 CLASSES = ("ant", "bee", "cat")
 NORM = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
@@ -54,8 +53,8 @@ def test_linear_probe_on_an_image_folder_prints_the_final_accuracy(
     tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "lp"
-    args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--data", "image-folder"]
-    args += ["--data-root", str(folder), "--image-size", "32", "--epochs", "2", "--batch-size", "4"]
+    args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--data.kind", "image-folder"]
+    args += ["--data.root", str(folder), "--image-size", "32", "--epochs", "2", "--batch-size", "4"]
     args += ["--run-dir", str(run), "--tensorboard", "false", "--progress", "false", "--eval-every-epochs", "1"]
     assert main(args) == 0
     printed = _json_line(capsys.readouterr().out)
@@ -70,10 +69,8 @@ def test_linear_probe_on_an_image_folder_prints_the_final_accuracy(
 def test_folder_probe_has_one_output_per_class_and_leaves_the_backbone_unchanged(tmp_path: Path, folder: Path) -> None:
     cfg = dataclasses.replace(
         LinearProbeRecipe(LinearProbeConfig()).debug_config(),
-        data="image-folder",
-        data_root=folder,
+        data=ProbeData(kind="image-folder", root=folder),
         image_size=32,
-        eval_subset=0,
         batch_size=4,
         run_dir=tmp_path / "lp",
         tensorboard=False,
@@ -139,26 +136,29 @@ def test_mismatched_class_folders_are_one_line(
     tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _write_png(folder / "val" / "dog" / "0.png", np.random.default_rng(1), 0)
-    args = ["eval", "linear-probe", "--checkpoint", "", "--data", "image-folder", "--data-root", str(folder)]
+    args = ["eval", "linear-probe", "--checkpoint", "", "--data.kind", "image-folder", "--data.root", str(folder)]
     assert main([*args, "--image-size", "32", "--run-dir", str(tmp_path / "lp")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not the same names" in err[0], err
+    assert len(err) == 1 and "have different class folders" in err[0], err
 
 
-def test_cifar10_trains_on_random_resized_crop_and_flip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """--data cifar10 trains on `ResizedCropTensors` (the official crop + flip at 32 px); --augment false does not."""
-    import trainlab.recipes.linear_probe as lp
-    from trainlab.data.cifar import CIFAR10_MEAN, CIFAR10_STD
+def test_cifar10_trains_on_random_resized_crop_and_flip(tmp_path: Path) -> None:
+    """--data.kind cifar10 trains on `ResizedCropTensors` (the official crop + flip at 32 px, CIFAR-10 statistics);
+    --augment false trains on the normalised images as they are; --data.train-limit keeps the first N."""
+    from trainlab.data.cifar import CIFAR10_MEAN, CIFAR10_STD, load_cifar10
+    from trainlab.data.fake_cifar import write_fake_cifar10
+    from trainlab.data.transforms import normalise
 
-    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    monkeypatch.setattr(lp, "load_train_images", lambda *args: (images, torch.arange(8) % 10))
-    cfg = LinearProbeConfig(data="cifar10", image_size=32, eval_subset=5, seed=4, run_dir=tmp_path / "lp")
+    root = write_fake_cifar10(tmp_path / "cifar", num_train=20, num_test=10)
+    raw = load_cifar10(root, train=True)
+    images = torch.from_numpy(raw.data).permute(0, 3, 1, 2)
+    data = ProbeData(kind="cifar10", root=root, train_limit=5)
+    cfg = LinearProbeConfig(data=data, image_size=32, seed=4, run_dir=tmp_path / "lp")
     ds = LinearProbeRecipe(cfg).build_data(None, torch.device("cpu"))  # type: ignore[arg-type]
     assert isinstance(ds, ResizedCropTensors) and len(ds) == 5
     ds.set_epoch(1)
     expected = random_resized_crop_flip(images[3], 32, seed=4, epoch=1, index=3, mean=CIFAR10_MEAN, std=CIFAR10_STD)
-    assert torch.equal(ds[3]["image"], expected) and int(ds[3]["label"]) == 3
-    bank = EvalImages(torch.rand(5, 3, 32, 32), torch.arange(5), torch.rand(2, 3, 32, 32), torch.arange(2), 10)
-    monkeypatch.setattr(LinearProbeRecipe, "_data", lambda self: bank)
+    assert torch.equal(ds[3]["image"], expected) and int(ds[3]["label"]) == raw.targets[3]
     plain = LinearProbeRecipe(dataclasses.replace(cfg, augment=False)).build_data(None, torch.device("cpu"))  # type: ignore[arg-type]
-    assert not isinstance(plain, ResizedCropTensors) and torch.equal(plain[3]["image"], bank.bank_N3HW[3])
+    assert not isinstance(plain, ResizedCropTensors) and len(plain) == 5  # type: ignore[arg-type]
+    assert torch.equal(plain[3]["image"], normalise(images[3:4], CIFAR10_MEAN, CIFAR10_STD)[0])

@@ -36,11 +36,7 @@ from trainlab.models.var.loading import VAR_EXPORT_PTH, VAR_EXPORT_SAFETENSORS, 
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 from trainlab.optim.param_groups import no_weight_decay, param_groups
-from trainlab.recipes.var import (
-    VARRecipe,
-    VARTrainConfig,
-    export_run,
-)
+from trainlab.recipes.var import VarData, VARRecipe, VARTrainConfig, export_run
 from trainlab.recipes.var_progressive import ProgressiveSchedule
 
 # Shape legend: B batch, L tokens of all scales (30 for patch_nums 1,2,3,4), V vocabulary (64).
@@ -306,7 +302,8 @@ def test_image_folder_skips_broken_files_deterministically(tmp_path: Path, caplo
 
 def test_an_epoch_over_a_folder_with_broken_files_completes(tmp_path: Path) -> None:
     _write_folder(tmp_path / "data")
-    cfg = _cfg(tmp_path / "run", dataset="image-folder", data_root=tmp_path / "data", batch_size=4, epochs=1)
+    data = VarData(kind="image-folder", root=tmp_path / "data")
+    cfg = _cfg(tmp_path / "run", data=data, batch_size=4, epochs=1)
     result = Trainer(VARRecipe(cfg)).fit()
     assert result.status == "finished" and result.epoch == 1 and len(result.losses) == 2
     assert _rows(tmp_path / "run", "train")[-1]["unreadable_images_skipped"] == 2.0
@@ -339,7 +336,7 @@ def test_more_dataset_classes_than_model_classes_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _write_folder(tmp_path / "data", classes=("a", "b", "c"), broken=False)
-    args = _cli(tmp_path, "--data-root", str(tmp_path / "data"), "--num-classes", "2", "--tokenizer-config", "debug")
+    args = _cli(tmp_path, "--data.root", str(tmp_path / "data"), "--num-classes", "2", "--tokenizer-config", "debug")
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "has 3 classes but the model has --num-classes 2" in err[-1]
@@ -356,7 +353,7 @@ def test_bad_inputs_are_one_line_errors(
     if layout == "flat":
         _write_image(root / "train" / "lonely.jpg", seed=1)
     extra = ["--tokenizer-config", "auto"] if layout == "no-tokenizer" else ["--tokenizer-config", "debug"]
-    assert main(_cli(tmp_path, "--data-root", str(root), *extra)) == 2
+    assert main(_cli(tmp_path, "--data.root", str(root), *extra)) == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 

@@ -118,25 +118,25 @@ def load_cifar10(
         except (OSError, RuntimeError) as e:  # URLError is an OSError; a bad archive md5 is a RuntimeError
             raise UsageError(
                 f"could not download CIFAR-10 into {root} ({_one_line(e)}); check the network, "
-                f"or fetch {CIFAR10_URL} yourself, extract it there and drop --download"
+                f"or fetch {CIFAR10_URL} yourself, extract it there and drop --data.download"
             ) from e
     if not folder.is_dir():
         raise UsageError(
-            f"CIFAR-10 not found under {root} (expected {folder}); pass --download to fetch it, "
-            "or --data-root to point at it"
+            f"CIFAR-10 not found under {root} (expected {folder}); pass --data.download to fetch it, "
+            "or --data.root to point at it"
         )
     missing = _missing(folder)
     if missing:
         raise UsageError(
             f"CIFAR-10 under {root} is incomplete (missing {', '.join(missing)} in {folder}); "
-            "delete that folder and pass --download to fetch it again"
+            "delete that folder and pass --data.download to fetch it again"
         )
     if verify_checksums:
         for name, md5 in (*CIFAR10_TRAIN_FILES, *CIFAR10_TEST_FILES, CIFAR10_META_FILE):
             if _md5(folder / name) != md5:
                 raise UsageError(
                     f"CIFAR-10 file {folder / name} does not match the official md5; "
-                    "delete that folder and pass --download to fetch it again"
+                    "delete that folder and pass --data.download to fetch it again"
                 )
     images: list[np.ndarray] = []
     targets: list[int] = []
@@ -148,7 +148,7 @@ def load_cifar10(
         names = [name for name, _md5sum in (CIFAR10_TRAIN_FILES if train else CIFAR10_TEST_FILES)]
         raise UsageError(
             f"CIFAR-10 under {folder} has no {'training' if train else 'test'} images (none in {', '.join(names)}); "
-            "delete that folder and pass --download to fetch it again"
+            "delete that folder and pass --data.download to fetch it again"
         )
     classes = _read_meta(folder / CIFAR10_META_FILE[0])
     data = np.vstack(images).reshape(-1, 3, 32, 32).transpose((0, 2, 3, 1))  # rows of R, G, B planes -> HWC
@@ -266,14 +266,14 @@ def _one_line(error: BaseException) -> str:
 def _corrupt(path: Path, detail: str) -> UsageError:
     return UsageError(
         f"CIFAR-10 file {path} is corrupt or unreadable ({detail}); "
-        "delete that folder and pass --download to fetch it again"
+        "delete that folder and pass --data.download to fetch it again"
     )
 
 
 def _foreign(path: Path, detail: str) -> UsageError:
     return UsageError(
         f"CIFAR-10 file {path} holds something other than CIFAR-10 data ({detail}); "
-        "delete that folder and pass --download to fetch it again"
+        "delete that folder and pass --data.download to fetch it again"
     )
 
 

@@ -86,7 +86,7 @@ def write_fake_cifar10(root: str | Path, *, num_train: int = 256, num_test: int 
         seed: makes the whole dataset reproducible.
 
     Returns:
-        `root` as a Path: the value to pass as `load_cifar10(root, ...)` / `--data-root`.
+        `root` as a Path: the value to pass as `load_cifar10(root, ...)` / `--data.root`.
 
     Raises:
         UsageError: if `num_train` or `num_test` is not positive.

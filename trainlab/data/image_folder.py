@@ -109,12 +109,8 @@ def scan_image_folder(root: str | Path) -> FolderIndex:
     """
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise UsageError(f"image folder {root} not found; pass --data-root with train/ and val/ class sub-folders")
-    try:
-        with os.scandir(root) as entries:
-            classes = tuple(sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir()))
-    except OSError as err:
-        raise UsageError(f"image folder {root} cannot be read ({err.strerror}); check its permissions") from None
+        raise UsageError(f"image folder {root} not found; pass --data.root with train/ and val/ class sub-folders")
+    classes = list_classes(root)
     if not classes:
         raise UsageError(
             f"image folder {root} has no class sub-folders; expected {root}/<class name>/<image> (ImageNet layout)"
@@ -143,6 +139,19 @@ def scan_image_folder(root: str | Path) -> FolderIndex:
         ignored_files=scan.ignored,
         skipped=tuple(sorted(scan.skipped.items())),
     )
+
+
+def list_classes(root: str | Path) -> tuple[str, ...]:
+    """The class names of an image folder: its sub-folders not starting with '.', sorted (no image is listed).
+
+    Raises:
+        UsageError: the folder cannot be read.
+    """
+    try:
+        with os.scandir(Path(root).expanduser()) as entries:
+            return tuple(sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir()))
+    except OSError as err:
+        raise UsageError(f"image folder {root} cannot be read ({err.strerror}); check its permissions") from None
 
 
 class _Scan:
@@ -381,6 +390,7 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
 
     def describe(self) -> dict[str, Any]:
         """What identifies this dataset's content (for token-cache fingerprints)."""
+        limited = {"limit": len(self)} if len(self) < len(self.index.files) else {}
         return {
             "kind": "image-folder",
             "size": len(self),
@@ -389,4 +399,5 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
             "image_size": self.image_size,
             "crop": self.crop,
             "flip": self.flip,
+            **limited,
         }

@@ -18,7 +18,7 @@ import torchvision.transforms.v2.functional as TF
 from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter
-from trainlab.data.image_folder import FolderIndex, UnreadableSkipper, scan_image_folder
+from trainlab.data.image_folder import FolderIndex, UnreadableSkipper, evenly_spaced, scan_image_folder
 from trainlab.data.transforms import TwoViews, two_views
 
 log = logging.getLogger(__name__)
@@ -81,13 +81,16 @@ class FolderTwoViews(TwoViewDataset):
     are still drawn from (seed, epoch, index) of the requested sample.
     """
 
-    def __init__(self, root: str | Path, spec: TwoViews, *, seed: int, index: FolderIndex | None = None) -> None:
+    def __init__(
+        self, root: str | Path, spec: TwoViews, *, seed: int, index: FolderIndex | None = None, limit: int = 0
+    ) -> None:
         super().__init__(spec, seed=seed)
         self.index = index if index is not None else scan_image_folder(root)
+        self.positions = evenly_spaced(len(self.index.files), limit)
         self._reader = UnreadableSkipper(self.index)
 
     def __len__(self) -> int:
-        return len(self.index.files)
+        return len(self.positions)
 
     @property
     def skipped_images(self) -> int:
@@ -107,6 +110,6 @@ class FolderTwoViews(TwoViewDataset):
         super().set_epoch(epoch)
 
     def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        position, img = self._reader.read(index)
+        position, img = self._reader.read(self.positions[index])
         img_CHW = TF.to_dtype(TF.pil_to_tensor(img), torch.get_default_dtype(), scale=True)
         return img_CHW, torch.tensor(self.index.files[position][1], dtype=torch.long)

@@ -311,7 +311,7 @@ class Trainer:
         for key in sorted(set(saved) & set(now)):
             if saved[key] == now[key]:
                 continue
-            if key.split(".")[0] in may_change:
+            if key in may_change or key.split(".")[0] in may_change:  # a field, or a whole group (`schedule`)
                 changed.append(f"{key} {saved[key]!r} -> {now[key]!r}")
                 continue
             flag = "--" + key.replace("_", "-")
