@@ -16,8 +16,9 @@ from PIL import Image
 
 from trainlab.cli import main
 from trainlab.config import load_yaml, parse
+from trainlab.data.config import DataConfig
 from trainlab.data.image_folder import ImageFolderDataset, scan_image_folder
-from trainlab.data.synthetic import class_gradient_images
+from trainlab.data.sources import open_split
 from trainlab.data.tensors import TensorImageDataset
 from trainlab.data.token_cache import (
     TokenCacheDataset,
@@ -28,6 +29,7 @@ from trainlab.data.token_cache import (
     ensure_token_cache,
     tokenizer_sha256,
 )
+from trainlab.data.transforms import VarResizeCrop
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import StepInfo
@@ -205,7 +207,9 @@ def test_learning_rate_is_base_times_batch_over_256(tmp_path: Path) -> None:
 
 def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
     tokenizer = load_tokenizer("", "debug", PATCH_NUMS, seed=0)
-    data = TensorImageDataset(*class_gradient_images(24, 16, 4, seed=0))
+    fake = open_split(DataConfig(kind="fake", fake_size=24), "train", VarResizeCrop(16), fake_classes=4)
+    assert fake is not None and isinstance(fake.images, TensorImageDataset)
+    data = fake.images
     desc = {"kind": "fake", "size": 24}
     spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 30, 64, desc)
     cache = build_token_cache(tmp_path / "c", spec, [data], tokenizer, device=CPU, batch_size=5)

@@ -8,8 +8,11 @@ held-out 1,000, a fake set drawn apart from the training one). Where the images 
     kind                 read as                                      limit (--data.train-limit / --data.eval-limit)
     image-folder         files, decoded per sample (`image_folder`)   N evenly spaced over the class-sorted listing
     cifar10              uint8 arrays in memory (`cifar`)             the first N
-    digits, fake         float images in [-1, 1] in memory, made at   the first N (their order is mixed already)
+    digits               float images in [-1, 1] in memory, made at   the first N (their order is mixed already)
                          the transform's side
+    fake                 uint8 images in memory (`synthetic`), made   the first N (labels are shuffled)
+                         at the transform's side; or written in
+                         CIFAR-10's format and read back (`fake_files`)
 
     transform                 image folder                  in-memory images
     VarResizeCrop             ImageFolderDataset            TensorImageDataset (made at side R: the flip only)
@@ -59,9 +62,9 @@ from trainlab.errors import UsageError
 log = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
-LegacyFake = Literal["class-gradients", "smooth-noise"]
 
 DIGITS_SPLIT_SEED = 0  # one fixed train / held-out split: pretraining never sees a probe's test images
+FAKE_SEED = 0  # kind fake is one data set too: the same images whatever the run's seed
 
 
 @dataclass
@@ -101,7 +104,6 @@ def open_split(
     fake_classes: int = 10,
     fake_files: Path | None = None,
     limit: int | None = None,
-    legacy_fake: LegacyFake = "class-gradients",
 ) -> ImageSplit | None:
     """The `split` of the images `data` selects, through `transform`.
 
@@ -111,8 +113,8 @@ def open_split(
         transform: what is done to each image (a spec of `trainlab.data.transforms`).
         seed: the augmentation seed: random crops, flips and views are a pure function of (seed, epoch, index).
         fake_classes: class count of kind fake.
-        fake_files: kind fake is written here in CIFAR-10's file format and read back by the CIFAR-10 reader
-            (a recipe that must exercise that reader); None: fake images stay in memory.
+        fake_files: kind fake is written under this folder in CIFAR-10's file format (32 px, 10 classes) and read
+            back by the CIFAR-10 reader (a recipe that must exercise that reader); None: fake images stay in memory.
         limit: the most images to keep; None: the split's own limit (`data.train_limit` / `data.eval_limit`).
 
     Returns:
@@ -127,11 +129,11 @@ def open_split(
     if data.kind == "image-folder":
         return _folder_split(data, split, transform, seed=seed, limit=limit)
     if data.kind == "cifar10" or (data.kind == "fake" and fake_files is not None):
-        images = _cifar_format(data, split, fake_files, seed=seed)
+        images = _cifar_format(data, split, fake_files)
     elif data.kind == "digits":
         images = _digits(split, _side(transform, "digits"))
     else:
-        images = _fake(data, split, _side(transform, "fake"), fake_classes, seed=seed, legacy=legacy_fake)
+        images = _fake(data, split, _side(transform, "fake"), fake_classes)
     return _memory_split(images.first(limit), transform, seed=seed)
 
 
@@ -273,6 +275,12 @@ class _InMemory:
             return self.images_N3HW
         return self.images_N3HW.add(1.0).div(2.0)
 
+    def signed(self) -> torch.Tensor:
+        """The images as floats in [-1, 1] (the default dtype)."""
+        if self.images_N3HW.dtype == torch.uint8:
+            return self.images_N3HW.to(torch.get_default_dtype()).div(127.5).sub(1.0)
+        return self.images_N3HW
+
 
 def _side(transform: Transform, kind: str) -> int:
     side = getattr(transform, "image_size", None)
@@ -284,9 +292,7 @@ def _side(transform: Transform, kind: str) -> int:
 def _memory_split(data: _InMemory, transform: Transform, *, seed: int) -> ImageSplit:
     images: Dataset[Batch]
     if isinstance(transform, VarResizeCrop):
-        if data.images_N3HW.dtype == torch.uint8:
-            raise ValueError("var_resize_crop reads image folders, digits or fake images, not CIFAR-10 arrays")
-        images = TensorImageDataset(data.images_N3HW, data.labels_N, flip=transform.flip, seed=seed)
+        images = TensorImageDataset(data.signed(), data.labels_N, flip=transform.flip, seed=seed)
     elif isinstance(transform, TwoViews):
         images = TensorTwoViews(data.unit(), data.labels_N, transform, seed=seed)
     elif isinstance(transform, RandomResizedCropFlip):
@@ -304,7 +310,7 @@ def _memory_split(data: _InMemory, transform: Transform, *, seed: int) -> ImageS
         from trainlab.data.cifar import CifarAugmentDataset
 
         if data.images_N3HW.dtype != torch.uint8:
-            raise ValueError("pad_crop_flip reads CIFAR-format uint8 images (kind cifar10, or fake written as CIFAR)")
+            raise ValueError("pad_crop_flip reads uint8 images (kinds cifar10 and fake), not the digits")
         images_NHW3 = data.images_N3HW.permute(0, 2, 3, 1).numpy()
         images = CifarAugmentDataset(
             images_NHW3, data.labels_N.numpy(), augment=True, seed=seed, mean=transform.mean, std=transform.std
@@ -312,7 +318,7 @@ def _memory_split(data: _InMemory, transform: Transform, *, seed: int) -> ImageS
     return ImageSplit(images, data.num_classes, data.description)
 
 
-def _cifar_format(data: DataConfig, split: Split, fake_files: Path | None, *, seed: int) -> _InMemory:
+def _cifar_format(data: DataConfig, split: Split, fake_files: Path | None) -> _InMemory:
     """CIFAR-10 (or fake images written in its file format) through the CIFAR-10 reader, as uint8 (N, 3, 32, 32)."""
     from trainlab.data.cifar import load_cifar10
 
@@ -321,9 +327,10 @@ def _cifar_format(data: DataConfig, split: Split, fake_files: Path | None, *, se
         from trainlab.data.fake_cifar import write_fake_cifar10
 
         assert fake_files is not None
-        root = fake_files
+        num_train, num_eval = data.fake_size, fake_eval_size(data.fake_size)
+        root = fake_files / f"train{num_train}-test{num_eval}"  # a set of another size is another folder
         if not (root / "cifar-10-batches-py").is_dir():
-            write_fake_cifar10(root, num_train=data.fake_size, num_test=max(data.fake_size // 4, 16), seed=seed)
+            write_fake_cifar10(root, num_train=num_train, num_test=num_eval, seed=FAKE_SEED)
     raw = load_cifar10(root, train=split == "train", download=data.download and data.kind == "cifar10")
     images_N3HW = torch.from_numpy(raw.data).permute(0, 3, 1, 2).contiguous()
     description = {"kind": data.kind, "split": split, "size": len(raw), "image_size": 32}
@@ -339,19 +346,17 @@ def _digits(split: Split, image_size: int) -> _InMemory:
     return _InMemory(digits.images_N3HW, digits.labels_N, NUM_CLASSES, description)
 
 
-def _fake(
-    data: DataConfig, split: Split, image_size: int, num_classes: int, *, seed: int, legacy: LegacyFake
-) -> _InMemory:
-    from trainlab.data.synthetic import class_gradient_images, smooth_noise_images
+def fake_eval_size(fake_size: int) -> int:
+    """Held-out images of kind fake: a quarter of the training images, at least 16."""
+    return max(fake_size // 4, 16)
 
-    if legacy == "smooth-noise":
-        num = data.fake_size if split == "train" else (data.eval_limit or max(data.fake_size // 4, 16))
-        images_N3HW = smooth_noise_images(num, image_size, 1 if split == "train" else 2)
-        labels_N = torch.zeros(num, dtype=torch.long)
-        description = {"kind": "fake", "size": num, "image_size": image_size}
-        return _InMemory(images_N3HW, labels_N, 1, description)
-    num = data.fake_size if split == "train" else max(data.fake_size // 4, 8)
-    data_seed = seed if split == "train" else seed + 1
-    images_N3HW, labels_N = class_gradient_images(num, image_size, num_classes, data_seed)
-    description = {"kind": "fake", "size": num, "seed": data_seed, "image_size": image_size, "classes": num_classes}
-    return _InMemory(images_N3HW, labels_N, num_classes, description)
+
+def _fake(data: DataConfig, split: Split, image_size: int, num_classes: int) -> _InMemory:
+    from trainlab.data.synthetic import synthetic_splits
+
+    num_eval = fake_eval_size(data.fake_size)
+    splits = synthetic_splits(data.fake_size, num_eval, image_size=image_size, num_classes=num_classes, seed=FAKE_SEED)
+    images = splits[0] if split == "train" else splits[1]
+    size = len(images.labels_N)
+    description = {"kind": "fake", "split": split, "size": size, "image_size": image_size, "classes": num_classes}
+    return _InMemory(torch.from_numpy(images.images_N3SS), torch.from_numpy(images.labels_N), num_classes, description)

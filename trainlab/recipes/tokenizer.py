@@ -258,8 +258,8 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
         crop = VarResizeCrop(c.image_size, crop=c.train_crop)
-        train = open_split(c.data, "train", crop, seed=c.seed, legacy_fake="smooth-noise")
-        heldout = open_split(c.data, "eval", VarResizeCrop(c.image_size), seed=c.seed, legacy_fake="smooth-noise")
+        train = open_split(c.data, "train", crop, seed=c.seed)
+        heldout = open_split(c.data, "eval", VarResizeCrop(c.image_size), seed=c.seed)
         assert train is not None
         self._heldout = heldout.images if heldout is not None else None
         return train.images
