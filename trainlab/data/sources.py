@@ -19,7 +19,7 @@ held-out 1,000, a fake set drawn apart from the training one). Where the images 
     TwoViews                  FolderTwoViews                TensorTwoViews
     RandomResizedCropFlip     ResizedCropFolder (train)     ResizedCropTensors
     ResizeCenterCrop          ResizedCropFolder (eval)      normalised as they are (their own side)
-    PadCropFlip               -                             CifarAugmentDataset (uint8 CIFAR-format images)
+    PadCropFlip               -                             CifarAugmentDataset (uint8 images: CIFAR-10, fake)
     Normalise                 VAR centre crop, normalised   normalised as they are
 
 `normalisation(kind)` gives the mean / std that fits a kind; `stacked(split)` the whole split as two tensors (a kNN
@@ -39,7 +39,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainlab.data.config import DataConfig, Split, accepted_kinds
+from trainlab.data.config import DataConfig, Split, accepted_kinds, fake_eval_size
 from trainlab.data.image_folder import ImageFolderDataset, list_classes, scan_image_folder
 from trainlab.data.resized_crops import ResizedCropFolder, ResizedCropTensors
 from trainlab.data.ssl_views import FolderTwoViews, TensorTwoViews
@@ -73,7 +73,8 @@ class ImageSplit:
 
     Attributes:
         images: the dataset; its samples are dicts of named tensors (the transform decides which).
-        num_classes: classes of the data (the class folders of an image folder; 10 for CIFAR-10 and digits).
+        num_classes: classes of the data (the class folders of an image folder; 10 for CIFAR-10 and the digits; the
+            requested count for fake images).
         description: JSON-able identity of the content (kind, size, side, ...; for a folder a hash of its listing),
             e.g. for a token cache's fingerprint.
     """
@@ -121,8 +122,9 @@ def open_split(
         The split, or None for the eval split of an image folder without val/ (logged as a warning).
 
     Raises:
-        UsageError: a missing root, folder or file; train/ and val/ with other classes; a kind the transform
-            cannot read.
+        UsageError: a missing root, folder or file; train/ and val/ with other classes.
+        ValueError: a transform that cannot read the kind (PadCropFlip of a folder or the digits): a programming
+            error, since each recipe's data group admits only the kinds its transforms read.
     """
     if limit is None:
         limit = data.train_limit if split == "train" else data.eval_limit
@@ -344,11 +346,6 @@ def _digits(split: Split, image_size: int) -> _InMemory:
     digits = load_digits_dataset(resolution=image_size, split=part, seed=DIGITS_SPLIT_SEED)
     description = {"kind": "digits", "split": part, "size": len(digits), "image_size": image_size}
     return _InMemory(digits.images_N3HW, digits.labels_N, NUM_CLASSES, description)
-
-
-def fake_eval_size(fake_size: int) -> int:
-    """Held-out images of kind fake: a quarter of the training images, at least 16."""
-    return max(fake_size // 4, 16)
 
 
 def _fake(data: DataConfig, split: Split, image_size: int, num_classes: int) -> _InMemory:
