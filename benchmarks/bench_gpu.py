@@ -6,14 +6,14 @@ plumbing at toy sizes on any device and measures nothing worth reporting).
     python benchmarks/bench_gpu.py --smoke --device cpu  # toy sizes: checks the commands and the parsing
 
 Sections (every one a real `trainlab` command in a subprocess; the numbers come from its own outputs):
-  var_train   `trainlab train var --depth 16 --precision P --dataset fake` for P in bf16-amp, fp16-amp-scale, fused
+  var_train   `trainlab train var --depth 16 --precision P --data.kind fake` for P in bf16-amp, fp16-amp-scale, fused
               AdamW, re-encoding every batch with the ch=160 tokenizer: images/s over the engine's timed epochs (its
               first epoch is not timed), peak CUDA memory allocated and reserved, from the run's `summary` row.
   var_sample  `trainlab sample --batch-size 64` (d16 VAR, ch=160 VQVAE, cfg 1.5, top-k 900, top-p 0.96): images/s
               of the 50,000-image FID job in steady state, from the `tokens` and `decode` phases of two runs of
               different length (the difference removes the first batch's warm-up).
-  precision   `trainlab bench precision --model resnet18 --fake-data N` (the CIFAR-10 lab on synthetic data), all
-              eight modes: its results.csv (images/s, peak memory, final loss per mode).
+  precision   `trainlab bench precision --model resnet18 --data.kind fake --data.fake-size N` (the CIFAR-10 lab on
+              synthetic data), all eight modes: its results.csv (images/s, peak memory, final loss per mode).
 
 Weights are random-init official-architecture files written into the work folder (speed does not depend on the
 values): the ch=160 VQVAE in the `vae_ch160v4096z32.pth` layout (bench_var.py's) and a VAR of --depth in the official
@@ -87,8 +87,8 @@ def var_train(args: argparse.Namespace, work: Path, tokenizer: Path) -> dict[str
         argv = trainlab(
             "train", "var", "--run-dir", run_dir, "--device", args.device, "--precision", precision,
             "--depth", args.depth, "--batch-size", args.train_batch_size, "--epochs", 2,
-            "--dataset", "fake", "--fake-num-images", images, "--tokenizer", tokenizer,
-            "--eval-batch-size", args.train_batch_size, "--eval-max-images", args.train_batch_size,
+            "--data.kind", "fake", "--data.fake-size", images, "--tokenizer", tokenizer,
+            "--eval-batch-size", args.train_batch_size, "--data.eval-limit", args.train_batch_size,
             "--num-workers", args.num_workers, "--log-every", 1, "--export", False, "--tensorboard", False,
             "--progress", False,
         )  # fmt: skip
@@ -155,7 +155,8 @@ def precision_lab(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """`trainlab bench precision` on synthetic CIFAR-format data, every mode; its table as read from results.csv."""
     out_dir = work / "precision"
     argv = trainlab(
-        "bench", "precision", "--model", args.precision_model, "--fake-data", args.precision_images,
+        "bench", "precision", "--model", args.precision_model, "--data.kind", "fake", "--data.fake-size",
+        args.precision_images,
         "--epochs", args.precision_epochs, "--batch-size", args.precision_batch_size, "--device", args.device,
         "--num-workers", args.num_workers, "--num-seeds", 1, "--run-dir", out_dir,
     )  # fmt: skip

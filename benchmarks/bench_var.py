@@ -16,7 +16,7 @@ architecture (random init), where the encoder is ~13 s of each step. Variants:
              L x L additive mask, F.normalize, per-sample lvl_embed lookup), per-token `F.cross_entropy` x 1/L, the
              argmax for its accuracy log, backward, clip 2.0 and a fused AdamW step (official afuse default True),
              betas (0.9, 0.95), weight decay 0.05.
-  command    THE NUMBER FOR USERS: the real `trainlab train var` run as a subprocess per round with `--dataset fake
+  command    THE NUMBER FOR USERS: the real `trainlab train var` run as a subprocess per round with `--data.kind fake
              --batch-size 8 --epochs 2` and the same tokenizer weights, re-encoding every batch (its default).
              Seconds per optimizer step = batch / the `images_per_second` of the `summary` row of its metrics.jsonl
              (the engine times the training loop only and excludes epoch 1). Everything the recipe and engine do per
@@ -228,8 +228,8 @@ class TrainVarCommand:
             "--depth": depth,
             "--batch-size": BATCH,
             "--epochs": a.train_epochs,
-            "--dataset": "fake",
-            "--fake-num-images": a.train_images,
+            "--data.kind": "fake",
+            "--data.fake-size": a.train_images,
             "--tokenizer-weights": self.tokenizer,
             "--use-token-cache": cached,
         }

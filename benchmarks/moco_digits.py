@@ -116,7 +116,7 @@ def main() -> None:
     train_args = ["train", "moco", "--config", CONFIG, "--run-dir", str(pre), "--seed", str(args.seed)]
     train_args += ["--eval-every-epochs", str(args.eval_every_epochs), "--overwrite"]
     _, train_wall = run_cli(train_args)
-    knn_base = ["eval", "knn", "--data", "digits", "--image-size", "16", "--seed", str(args.seed)]
+    knn_base = ["eval", "knn", "--data.kind", "digits", "--image-size", "16", "--seed", str(args.seed)]
     knn_pre, _ = run_cli([*knn_base, "--moco-weights", ckpt])
     knn_rand, _ = run_cli([*knn_base, "--moco-weights", "", "--arch", "resnet_debug"])
     knn_pix, _ = run_cli([*knn_base, "--features", "pixels"])

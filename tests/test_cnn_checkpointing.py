@@ -17,7 +17,7 @@ from trainlab.engine.recipe import StepInfo
 from trainlab.engine.seeding import seed_everything
 from trainlab.models.checkpointing import checkpoint_stage
 from trainlab.models.moco import MoCo
-from trainlab.recipes.cifar import CifarConfig, CifarRecipe
+from trainlab.recipes.cifar import CifarConfig, CifarData, CifarRecipe
 from trainlab.recipes.moco import MocoConfig, MocoRecipe
 
 INFO = StepInfo(step=0, total_steps=10, steps_per_epoch=10, epoch=0, log_now=True)
@@ -79,7 +79,8 @@ def test_checkpoint_stage_updates_batchnorm_statistics_once(momentum: float | No
 
 
 def _cifar(tmp_path: Path, model: str, checkpointing: bool) -> CifarRecipe:
-    config = CifarConfig(run_dir=tmp_path, model=model, fake_data=64, activation_checkpointing=checkpointing)
+    data = CifarData(kind="fake", fake_size=64)
+    config = CifarConfig(run_dir=tmp_path, model=model, data=data, activation_checkpointing=checkpointing)
     return CifarRecipe(config)
 
 

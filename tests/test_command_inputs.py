@@ -33,7 +33,7 @@ from trainlab.models.var.loading import load_official as load_var_pair
 from trainlab.models.var.sample import generate
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
-from trainlab.recipes.linear_probe import LinearProbeConfig, resolve_eval_data
+from trainlab.recipes.linear_probe import LinearProbeConfig, ProbeData, resolve_eval_data
 from trainlab.user_files import check_state_dict, load_user_file
 
 # Shape legend: B images, l tokens of one scale, V vocab.
@@ -304,7 +304,7 @@ def test_moco_without_predictor_or_with_nan_is_one_line(tmp_path: Path, capsys: 
     torch.save({**ckpt, "state_dict": nan}, tmp_path / "nan.pth.tar")
     for name, pattern in (("nopred", "lacks predictor.0.weight"), ("nan", "layer1.0.conv1.weight holds")):
         path = tmp_path / f"{name}.pth.tar"
-        assert main(["eval", "knn", "--moco-weights", str(path), "--subset", "32", "--k", "5"]) == 2
+        assert main(["eval", "knn", "--moco-weights", str(path), "--data.eval-limit", "32", "--k", "5"]) == 2
         line = _one_error_line(capsys.readouterr().err)
         assert str(path) in line and pattern in line, line
 
@@ -331,45 +331,57 @@ def test_load_official_keeps_a_vit_patch_projection_frozen_on_request(tmp_path: 
 
 
 # ------------------------------------------------------------------------------------------------ eval data
-def _trainlab_moco(tmp_path: Path, *, image_size: int, data: str = "digits") -> Path:
+def _trainlab_moco(tmp_path: Path, *, image_size: int, data: str = "digits", flat: bool = False) -> Path:
+    """A trainlab MoCo checkpoint; `flat`: its config as runs recorded it before the data group."""
     model = _moco("resnet_debug")
-    config = {"arch": "resnet_debug", "data": data, "image_size": image_size, "data_root": str(tmp_path / "root")}
+    root = str(tmp_path / "root")
+    group = {"data": data, "data_root": root} if flat else {"data": {"kind": data, "root": root}}
+    config = {"arch": "resnet_debug", "image_size": image_size, **group}
     ckpt = {"format": "trainlab-checkpoint", "recipe": "moco", "models": {"moco": model.state_dict()}, "config": config}
-    path = tmp_path / f"moco_{data}_{image_size}.pt"
+    path = tmp_path / f"moco_{data}_{image_size}{'_flat' if flat else ''}.pt"
     torch.save(ckpt, path)
     return path
 
 
-def test_eval_data_comes_from_the_checkpoint_unless_given(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    ckpt = str(_trainlab_moco(tmp_path, image_size=32))
-    assert resolve_eval_data("", None, None, None) == (resolve_eval_data("", "digits", 16, Path("data/cifar10")))
-    found = resolve_eval_data(ckpt, None, None, None)
-    assert (found.data, found.image_size) == ("digits", 32)
+def _resolve(checkpoint: str, kind: str | None = None, image_size: int | None = None) -> tuple[ProbeData, int]:
+    return resolve_eval_data(checkpoint, ProbeData(kind=kind), image_size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_eval_data_comes_from_the_checkpoint_unless_given(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, flat: bool
+) -> None:
+    ckpt = str(_trainlab_moco(tmp_path, image_size=32, flat=flat))
+    assert _resolve("") == resolve_eval_data("", ProbeData(kind="digits", root=Path("data/cifar10")), 16)
+    found, side = _resolve(ckpt)
+    assert (found.kind, side) == ("digits", 32)
     with caplog.at_level("WARNING"):
-        asked = resolve_eval_data(ckpt, None, 16, None)
-    assert asked.image_size == 16  # a different side is used, and said
+        _, asked = _resolve(ckpt, image_size=16)
+    assert asked == 16  # a different side is used, and said
     assert any(
-        "pretrained with image_size 32; evaluating with --image-size 16" in r.getMessage() for r in caplog.records
+        "pretrained with --image-size 32; evaluating with --image-size 16" in r.getMessage() for r in caplog.records
     )
-    cifar = str(_trainlab_moco(tmp_path, image_size=32, data="cifar10"))
-    assert resolve_eval_data(cifar, None, None, None).data_root == tmp_path / "root"
-    assert resolve_eval_data(cifar, "digits", None, None).data_root == Path("data/cifar10")  # not cifar's root
+    cifar = str(_trainlab_moco(tmp_path, image_size=32, data="cifar10", flat=flat))
+    assert _resolve(cifar)[0].root == tmp_path / "root"
+    assert _resolve(cifar, kind="digits")[0].root == Path("data/cifar10")  # not cifar's root
     torch.save(official_checkpoint(_moco("vit_debug", image_size=16), epoch=1), tmp_path / "vit.pth.tar")
-    assert resolve_eval_data(str(tmp_path / "vit.pth.tar"), None, None, None).image_size == 16
+    assert _resolve(str(tmp_path / "vit.pth.tar"))[1] == 16
     with pytest.raises(UsageError, match="position table is for 16 px inputs"):
-        resolve_eval_data(str(tmp_path / "vit.pth.tar"), None, 32, None)
+        _resolve(str(tmp_path / "vit.pth.tar"), image_size=32)
 
 
 def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainlab.data.config import DataConfig
+    from trainlab.data.sources import eval_images
     from trainlab.recipes.linear_probe import load_backbone
-    from trainlab.recipes.moco import knn_of_features, load_eval_images
+    from trainlab.recipes.moco import knn_of_features
 
     ckpt = _trainlab_moco(tmp_path, image_size=32)
-    assert main(["eval", "knn", "--moco-weights", str(ckpt), "--subset", "64", "--k", "5"]) == 0
+    assert main(["eval", "knn", "--moco-weights", str(ckpt), "--data.eval-limit", "64", "--k", "5"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (printed["data"], printed["image_size"]) == ("digits", 32)
     model, _ = load_backbone(str(ckpt), "resnet_debug", 32)
-    images = load_eval_images("digits", Path("unused"), 32, 0, 64)
+    images = eval_images(DataConfig(kind="digits", eval_limit=64), 32)
     expected = knn_of_features(model.eval().features, images, device=torch.device("cpu"), batch_size=256, k=5,
                                temperature=0.1)  # fmt: skip
     assert printed["knn_accuracy"] == expected
@@ -378,7 +390,8 @@ def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest
 # ------------------------------------------------------------------------------------------------ linear probe
 def _probe_args(run: Path, *extra: str) -> list[str]:
     args = ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--run-dir", str(run)]
-    return [*args, "--eval-subset", "64", "--batch-size", "16", "--tensorboard", "false", "--progress", "false", *extra]
+    args += ["--data.train-limit", "64", "--data.eval-limit", "64", "--batch-size", "16"]
+    return [*args, "--tensorboard", "false", "--progress", "false", *extra]
 
 
 def test_linear_probe_without_an_evaluation_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -427,7 +440,7 @@ def test_linear_probe_config_resolves_data_from_the_checkpoint(tmp_path: Path) -
 
     ckpt = _trainlab_moco(tmp_path, image_size=32)
     recipe = LinearProbeRecipe(dataclasses.replace(LinearProbeConfig(), moco_weights=str(ckpt), run_dir=tmp_path))
-    assert (recipe.config.data, recipe.config.image_size) == ("digits", 32)
+    assert (recipe.config.data.kind, recipe.config.image_size) == ("digits", 32)
     assert recipe.example_batch(2)["image"].shape == (2, 3, 32, 32)
 
 

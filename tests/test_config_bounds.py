@@ -223,10 +223,25 @@ def test_shipped_configs_are_within_the_ranges() -> None:
 TOY = ["train", "toy", "--device", "cpu", "--max-steps", "2"]
 VAR = ["train", "var", "--depth", "2", "--embed-dim", "64", "--num-heads", "2", "--tokenizer-config", "debug"]
 TOKENIZER = ["train", "tokenizer", "--vqvae-preset", "debug", "--patch-nums", "1", "2", "3", "4", "--image-size", "16"]
-MOCO = ["train", "moco", "--arch", "resnet_debug", "--data", "digits", "--image-size", "16", "--eval-subset", "64"]
+MOCO = ["train", "moco", "--arch", "resnet_debug", "--data.kind", "digits", "--image-size", "16"]
+MOCO += ["--data.eval-limit", "64"]
 SAMPLE = ["sample", "--tokenizer-weights", "v.pth", "--var-weights", "w.pth", "--classes", "1", "--out", "g.png"]
-EDIT = ["edit", "--tokenizer-weights", "v.pth", "--var-weights", "w.pth", "--image", "i.png", "--box", "0", "0", "8"]
-EDIT += ["8", "--out", "g.png"]
+EDIT = [
+    "edit",
+    "--tokenizer-weights",
+    "v.pth",
+    "--var-weights",
+    "w.pth",
+    "--image",
+    "i.png",
+    "--box",
+    "0",
+    "0",
+    "8",
+    "8",
+    "--out",
+    "g.png",
+]
 
 
 @pytest.mark.parametrize(
@@ -271,13 +286,16 @@ EDIT += ["8", "--out", "g.png"]
         ([*TOKENIZER, "--discriminator-weight=-1"], "--discriminator-weight must be >= 0, got -1"),
         ([*MOCO, "--projection-dim", "0"], "--projection-dim must be >= 1, got 0"),
         ([*MOCO, "--knn-k", "0"], "--knn-k must be >= 1, got 0"),
-        ([*MOCO, "--knn-k", "65"], "--knn-k: k=65 must be between 1 and the bank size 64 (--eval-subset 64)"),
-        ([*MOCO, "--eval-subset", "0", "--knn-k", "4001"], "bank size 4000 (the training images of digits)"),
+        ([*MOCO, "--knn-k", "65"], "--knn-k: k=65 must be between 1 and the bank size 64 (--data.eval-limit 64)"),
+        ([*MOCO, "--data.eval-limit", "0", "--knn-k", "4001"], "bank size 4000 (the training images of digits)"),
         ([*MOCO, "--knn-temperature", "0"], "--knn-temperature must be >= 0.02, got 0"),
         ([*MOCO, "--knn-temperature", "0.01"], "--knn-temperature must be >= 0.02, got 0.01"),
         ([*MOCO, "--temperature", "1e-40"], "--temperature must be positive and within float32's range"),
-        ([*MOCO, "--train-subset=-5"], "--train-subset must be >= 0, got -5"),
-        ([*MOCO, "--eval-subset=-5"], "--eval-subset must be >= 0, got -5"),
+        ([*MOCO, "--data.train-limit=-5"], "--data.train-limit must be >= 0, got -5"),
+        ([*MOCO, "--data.eval-limit=-5"], "--data.eval-limit must be >= 0, got -5"),
+        ([*MOCO, "--data.fake-size", "0"], "--data.fake-size must be >= 1, got 0"),
+        ([*VAR, "--data.kind", "cifar10"], "invalid choice: 'cifar10'"),
+        ([*MOCO, "--data.kind", "digits", "--data.download"], "--data.download fetches CIFAR-10 only"),
         ([*MOCO, "--optimizer-momentum=-1"], "--optimizer-momentum must be in [0, 1), got -1"),
         ([*MOCO, "--arch", "vit_debug", "--image-size", "18"], "--image-size must be a multiple of 4, got 18"),
         ([*SAMPLE, "--seed", str(2**64)], "--seed must be in [0, 2**63), got 18446744073709551616"),
@@ -292,7 +310,8 @@ EDIT += ["8", "--out", "g.png"]
         (["eval", "knn", "--temperature", "nan"], "--temperature must be a finite number >= 0.02, got nan"),
         (["eval", "knn", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
         (["eval", "knn", "--batch-size=-1"], "--batch-size must be >= 1, got -1"),
-        (["eval", "knn", "--subset=-5"], "--subset must be >= 0, got -5"),
+        (["eval", "knn", "--data.eval-limit=-5"], "--data.eval-limit must be >= 0, got -5"),
+        (["eval", "knn", "--data.train-limit", "5"], "a kNN evaluation trains nothing"),
         (["eval", "knn", "--seed=-1"], "--seed must be in [0, 2**63), got -1"),
         (["eval", "linear-probe", "--base-learning-rate", "0"], "--base-learning-rate must be positive, got 0"),
         (["bench", "precision", "--num-seeds", "0"], "--num-seeds must be >= 1, got 0"),

@@ -216,7 +216,7 @@ def test_a_file_asking_for_another_codec_is_refused(cifar: Path) -> None:
         [
             "train",
             "moco",
-            "--data",
+            "--data.kind",
             "cifar10",
             "--arch",
             "resnet_debug",
@@ -226,8 +226,8 @@ def test_a_file_asking_for_another_codec_is_refused(cifar: Path) -> None:
             "cpu",
             "RUN",
         ],
-        ["eval", "knn", "--data", "cifar10", "--features", "pixels", "--image-size", "32"],
-        ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--data", "cifar10", "RUN"],
+        ["eval", "knn", "--data.kind", "cifar10", "--features", "pixels", "--image-size", "32"],
+        ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--data.kind", "cifar10", "RUN"],
     ],
     ids=["train-cifar", "train-moco", "eval-knn", "eval-linear-probe"],
 )
@@ -238,7 +238,7 @@ def test_every_command_reading_cifar_refuses_a_poisoned_batch(
     _write(cifar, "data_batch_1", {**_batch(cifar, "data_batch_1"), "extra": _payloads(marker)["os.system"]})
     _write(cifar, "test_batch", {**_batch(cifar, "test_batch"), "extra": _payloads(marker)["exec"]})
     argv = [part for arg in argv for part in (["--run-dir", str(tmp_path / "run")] if arg == "RUN" else [arg])]
-    code = main([*argv, "--data-root", str(cifar.parent)])
+    code = main([*argv, "--data.root", str(cifar.parent)])
     err = capsys.readouterr().err
     assert code == 2 and not marker.exists()
     errors = [line for line in err.splitlines() if ": error: " in line]

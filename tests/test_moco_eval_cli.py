@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from trainlab.cli import main
+from trainlab.data.config import DataConfig
+from trainlab.data.sources import eval_images
 from trainlab.engine.loop import Trainer
 from trainlab.models.moco import MoCo, official_checkpoint
 from trainlab.recipes.linear_probe import LinearProbeConfig, LinearProbeRecipe, load_backbone
-from trainlab.recipes.moco import MocoConfig, MocoRecipe, knn_of_features, load_eval_images
+from trainlab.recipes.moco import MocoConfig, MocoRecipe, knn_of_features
 
 SUBSET = 200
 
@@ -46,12 +48,12 @@ def _one_error_line(err: str) -> str:
 
 
 def test_eval_knn_prints_the_in_process_accuracy(official_ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["eval", "knn", "--moco-weights", str(official_ckpt), "--subset", str(SUBSET), "--k", "20"]
+    args = ["eval", "knn", "--moco-weights", str(official_ckpt), "--data.eval-limit", str(SUBSET), "--k", "20"]
     assert main([*args, "--image-size", "16"]) == 0
     printed = _json_line(capsys.readouterr().out)
     model, _ = load_backbone(str(official_ckpt), "resnet_debug", 16)
     model.eval()
-    images = load_eval_images("digits", Path("unused"), 16, 0, SUBSET)
+    images = eval_images(DataConfig(kind="digits", eval_limit=SUBSET), 16)
     expected = knn_of_features(
         model.features, images, device=torch.device("cpu"), batch_size=256, k=20, temperature=0.1
     )
@@ -65,7 +67,7 @@ def test_eval_knn_baselines_and_a_trainlab_run(tmp_path: Path, capsys: pytest.Ca
     cfg = MocoRecipe(MocoConfig()).debug_config()
     cfg = dataclasses.replace(cfg, run_dir=tmp_path / "run", epochs=1, tensorboard=False, progress=False)
     Trainer(MocoRecipe(cfg)).fit()
-    common = ["eval", "knn", "--subset", str(SUBSET), "--k", "20"]
+    common = ["eval", "knn", "--data.eval-limit", str(SUBSET), "--k", "20"]
     results = {}
     for name, extra in {
         "pixels": ["--features", "pixels"],
@@ -77,7 +79,7 @@ def test_eval_knn_baselines_and_a_trainlab_run(tmp_path: Path, capsys: pytest.Ca
     assert results["pixels"]["features"] == "raw pixels"
     assert results["random"]["features"] == "random-init resnet_debug"
     assert str(results["trainlab"]["features"]).startswith("resnet_debug from ")
-    pixels = load_eval_images("digits", Path("unused"), 16, 0, SUBSET)
+    pixels = eval_images(DataConfig(kind="digits", eval_limit=SUBSET), 16)
     expected = knn_of_features(
         lambda x: x.flatten(1), pixels, device=torch.device("cpu"), batch_size=256, k=20, temperature=0.1
     )
@@ -94,7 +96,7 @@ def test_missing_checkpoint_is_one_line(tmp_path: Path, command: str, capsys: py
 
 
 def test_k_larger_than_the_bank_is_one_line(official_ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", "knn", "--moco-weights", str(official_ckpt), "--subset", "50", "--k", "51"]) == 2
+    assert main(["eval", "knn", "--moco-weights", str(official_ckpt), "--data.eval-limit", "50", "--k", "51"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "k=51 must be between 1 and the bank size 50" in line
 
@@ -120,7 +122,8 @@ def test_eval_linear_probe_prints_final_accuracy(
     tmp_path: Path, official_ckpt: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "lp"
-    args = ["eval", "linear-probe", "--moco-weights", str(official_ckpt), "--run-dir", str(run), "--eval-subset", "256"]
+    args = ["eval", "linear-probe", "--moco-weights", str(official_ckpt), "--run-dir", str(run)]
+    args += ["--data.train-limit", "256", "--data.eval-limit", "256"]
     args += ["--epochs", "2", "--batch-size", "64", "--tensorboard", "false", "--progress", "false"]
     args += ["--eval-every-epochs", "1"]
     assert main(args) == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainlab.data.ssl_views import ViewSpec, two_views
+from trainlab.data.transforms import TwoViews, two_views
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.schedule import ScheduleConfig
@@ -82,7 +82,7 @@ def test_debug_resume_is_bit_exact(tmp_path: Path, arch: str) -> None:
 
 def test_views_are_a_function_of_seed_epoch_index() -> None:
     img = torch.rand(3, 20, 20)
-    spec = ViewSpec(image_size=16, crop_min=0.2, blur=True)
+    spec = TwoViews(image_size=16, crop_min=0.2, blur=True)
     a = two_views(img, spec, seed=1, epoch=2, index=3)
     b = two_views(img, spec, seed=1, epoch=2, index=3)
     c = two_views(img, spec, seed=1, epoch=3, index=3)

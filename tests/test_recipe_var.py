@@ -16,8 +16,9 @@ from PIL import Image
 
 from trainlab.cli import main
 from trainlab.config import load_yaml, parse
+from trainlab.data.config import DataConfig
 from trainlab.data.image_folder import ImageFolderDataset, scan_image_folder
-from trainlab.data.synthetic import class_gradient_images
+from trainlab.data.sources import open_split
 from trainlab.data.tensors import TensorImageDataset
 from trainlab.data.token_cache import (
     TokenCacheDataset,
@@ -28,6 +29,7 @@ from trainlab.data.token_cache import (
     ensure_token_cache,
     tokenizer_sha256,
 )
+from trainlab.data.transforms import VarResizeCrop
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import StepInfo
@@ -36,11 +38,7 @@ from trainlab.models.var.loading import VAR_EXPORT_PTH, VAR_EXPORT_SAFETENSORS, 
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 from trainlab.optim.param_groups import no_weight_decay, param_groups
-from trainlab.recipes.var import (
-    VARRecipe,
-    VARTrainConfig,
-    export_run,
-)
+from trainlab.recipes.var import VarData, VARRecipe, VARTrainConfig, export_run
 from trainlab.recipes.var_progressive import ProgressiveSchedule
 
 # Shape legend: B batch, L tokens of all scales (30 for patch_nums 1,2,3,4), V vocabulary (64).
@@ -209,7 +207,9 @@ def test_learning_rate_is_base_times_batch_over_256(tmp_path: Path) -> None:
 
 def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
     tokenizer = load_tokenizer("", "debug", PATCH_NUMS, seed=0)
-    data = TensorImageDataset(*class_gradient_images(24, 16, 4, seed=0))
+    fake = open_split(DataConfig(kind="fake", fake_size=24), "train", VarResizeCrop(16), fake_classes=4)
+    assert fake is not None and isinstance(fake.images, TensorImageDataset)
+    data = fake.images
     desc = {"kind": "fake", "size": 24}
     spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 30, 64, desc)
     cache = build_token_cache(tmp_path / "c", spec, [data], tokenizer, device=CPU, batch_size=5)
@@ -306,7 +306,8 @@ def test_image_folder_skips_broken_files_deterministically(tmp_path: Path, caplo
 
 def test_an_epoch_over_a_folder_with_broken_files_completes(tmp_path: Path) -> None:
     _write_folder(tmp_path / "data")
-    cfg = _cfg(tmp_path / "run", dataset="image-folder", data_root=tmp_path / "data", batch_size=4, epochs=1)
+    data = VarData(kind="image-folder", root=tmp_path / "data")
+    cfg = _cfg(tmp_path / "run", data=data, batch_size=4, epochs=1)
     result = Trainer(VARRecipe(cfg)).fit()
     assert result.status == "finished" and result.epoch == 1 and len(result.losses) == 2
     assert _rows(tmp_path / "run", "train")[-1]["unreadable_images_skipped"] == 2.0
@@ -339,7 +340,7 @@ def test_more_dataset_classes_than_model_classes_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _write_folder(tmp_path / "data", classes=("a", "b", "c"), broken=False)
-    args = _cli(tmp_path, "--data-root", str(tmp_path / "data"), "--num-classes", "2", "--tokenizer-config", "debug")
+    args = _cli(tmp_path, "--data.root", str(tmp_path / "data"), "--num-classes", "2", "--tokenizer-config", "debug")
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "has 3 classes but the model has --num-classes 2" in err[-1]
@@ -356,7 +357,7 @@ def test_bad_inputs_are_one_line_errors(
     if layout == "flat":
         _write_image(root / "train" / "lonely.jpg", seed=1)
     extra = ["--tokenizer-config", "auto"] if layout == "no-tokenizer" else ["--tokenizer-config", "debug"]
-    assert main(_cli(tmp_path, "--data-root", str(root), *extra)) == 2
+    assert main(_cli(tmp_path, "--data.root", str(root), *extra)) == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 

@@ -26,6 +26,7 @@ from trainlab.config import option, parse
 from trainlab.engine.precision_names import LAB_PRECISIONS, PrecisionName
 from trainlab.engine.run_lock import RunDirLock
 from trainlab.errors import UsageError, check_output_path
+from trainlab.recipes.cifar import CifarData, upgrade_fake_data
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +52,16 @@ class PrecisionBenchConfig:
     device: str = option("auto", "cpu, cuda, cuda:N or auto")
     batch_size: int = option(128, "global batch size", gt=0)
     learning_rate: float = option(0.1, "peak learning rate", gt=0)
-    data_root: Path = option(Path("data/cifar10"), "folder holding cifar-10-batches-py/")
-    fake_data: int = option(0, "N > 0: use a synthetic CIFAR-format set of N images (quick checks)", ge=0)
+    data: CifarData = option(CifarData(), "which images (as `trainlab train cifar`; fake: quick checks)")
     max_steps: int = option(-1, "stop each run after this many optimizer steps (-1: all epochs)", ge=1, sentinels=(-1,))
     log_every: int = option(10, "training-metric logging interval (steps)", ge=1)
     num_workers: int = option(2, "DataLoader workers per run", ge=0)
+    fake_data: int = option(
+        0, "former spelling (until the next release): N > 0 is --data.kind fake --data.fake-size N", ge=0
+    )
 
     def validate(self) -> None:
+        self.data, self.fake_data = upgrade_fake_data(self.data, self.fake_data), 0
         from trainlab.models.registry import list_models
 
         if self.model not in list_models():  # a registry, not a Literal: models register themselves
@@ -144,7 +148,9 @@ def _train_command(cfg: PrecisionBenchConfig, mode: str, seed: int, run_dir: Pat
         sys.executable, "-m", "trainlab.commands.bench", "train", "cifar",
         "--model", cfg.model, "--precision", mode, "--seed", str(seed), "--epochs", str(cfg.epochs),
         "--batch-size", str(cfg.batch_size), "--learning-rate", str(cfg.learning_rate), "--device", cfg.device,
-        "--data-root", str(cfg.data_root), "--fake-data", str(cfg.fake_data), "--max-steps", str(cfg.max_steps),
+        "--data.kind", cfg.data.kind, "--data.root", str(cfg.data.root), "--data.fake-size", str(cfg.data.fake_size),
+        "--data.train-limit", str(cfg.data.train_limit), "--data.eval-limit", str(cfg.data.eval_limit),
+        "--data.download", str(cfg.data.download).lower(), "--max-steps", str(cfg.max_steps),
         "--log-every", str(cfg.log_every), "--num-workers", str(cfg.num_workers), "--run-dir", str(run_dir),
         "--resume", "auto", *extra,
     ]  # fmt: skip

@@ -152,20 +152,20 @@ def load_inputs(config: EditConfig, side: int) -> tuple[torch.Tensor, torch.Tens
     import torchvision.transforms.functional as TF
     from torchvision.transforms import InterpolationMode
 
-    from trainlab.data.image_folder import RESIZE_RATIO, preprocess
+    from trainlab.data.transforms import RESIZE_RATIO, var_resize_crop
 
     image = _open(config.image, "--image", "RGB")
     if config.pad:
         inner = side - 2 * config.pad
         if inner < 1:
             raise UsageError(f"--pad {config.pad} leaves no image on a {side}x{side} canvas: use --pad < {side / 2:g}")
-        inner_3hw = preprocess(image, inner, crop="center", flip="none")
+        inner_3hw = var_resize_crop(image, inner, crop="center", flip="none")
         pads = (config.pad,) * 4
         img_3HW = F.pad(inner_3hw.unsqueeze(0), pads, mode="replicate")[0]
         mask_HW = torch.ones(side, side, dtype=torch.bool)
         mask_HW[config.pad : side - config.pad, config.pad : side - config.pad] = False
     else:
-        img_3HW = preprocess(image, side, crop="center", flip="none")
+        img_3HW = var_resize_crop(image, side, crop="center", flip="none")
         mask = _mask_image(config, image.size)
         mask = TF.resize(mask, round(RESIZE_RATIO * side), interpolation=InterpolationMode.BILINEAR)
         mask_HW = TF.pil_to_tensor(TF.center_crop(mask, [side, side]))[0] >= 128

@@ -1,16 +1,17 @@
 """`trainlab eval knn|linear-probe|fid|judge`: evaluate a MoCo v3 backbone, or put numbers on generated samples.
 
 MoCo v3 backbones (trainlab run or official):
-trainlab eval knn --moco-weights runs/moco/ckpt/last.pt --data digits --image-size 16
-trainlab eval knn --moco-weights '' --arch resnet_debug --data digits      (random-init baseline)
-trainlab eval knn --features pixels --data digits                          (raw-pixel baseline)
-trainlab eval linear-probe --moco-weights checkpoint_0099.pth.tar --data cifar10 --image-size 32
-trainlab eval linear-probe --moco-weights CKPT --data image-folder --data-root /data/imagenet --image-size 224
+trainlab eval knn --moco-weights runs/moco/ckpt/last.pt --data.kind digits --image-size 16
+trainlab eval knn --moco-weights '' --arch resnet_debug --data.kind digits      (random-init baseline)
+trainlab eval knn --features pixels --data.kind digits                        (raw-pixel baseline)
+trainlab eval linear-probe --moco-weights checkpoint_0099.pth.tar --data.kind cifar10 --image-size 32
+trainlab eval linear-probe --moco-weights CKPT --data.kind image-folder --data.root /data/imagenet --image-size 224
     (<root>/train/<class>/*, <root>/val/<class>/*: train RandomResizedCrop + flip, eval Resize + CenterCrop)
---data, --image-size and --data-root default to what the checkpoint was pretrained with (a trainlab run records them,
-an official ViT's position table fixes its side), else digits at 16 px; a value given that differs is used, with a
-warning. linear-probe prints its result only when training ended with an evaluation of the last epoch: stopped
-earlier (--max-steps, SIGTERM), it says so (the same command resumes).
+--data.kind, --data.root and --image-size default to what the checkpoint was pretrained with (a trainlab run records
+them, an official ViT's position table fixes its side), else digits at 16 px; a value given that differs is used,
+with a warning. --data.eval-limit N caps the images of each split (kNN: bank and queries; linear-probe: the test
+images, --data.train-limit the training ones). linear-probe prints its result only when training ended with an
+evaluation of the last epoch: stopped earlier (--max-steps, SIGTERM), it says so (the same command resumes).
 
 Generated samples (a folder of PNGs or an .npz with uint8 (N, H, W, 3) under arr_0, e.g. `trainlab sample --out-dir`):
 trainlab eval fid --samples samples/ --reference VIRTUAL_imagenet256_labeled.npz --inception-weights inception.pth
@@ -32,10 +33,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from trainlab.config import option, parse
+from trainlab.data.config import check_image_size, eval_limit_option
 from trainlab.errors import UsageError
 from trainlab.models.moco import MocoArch
-from trainlab.recipes.linear_probe import DEFAULT_DATA, DEFAULT_IMAGE_SIZE
-from trainlab.recipes.moco import SslData, check_image_size, check_knn_k
+from trainlab.models.moco.vit import check_vit_image_size
+from trainlab.recipes.linear_probe import DEFAULT_IMAGE_SIZE, DEFAULT_KIND, ProbeData
+from trainlab.recipes.moco import check_knn_k
+
+
+@dataclasses.dataclass(kw_only=True)
+class KnnData(ProbeData):
+    """The images of a kNN evaluation: the training split is the bank, the held-out split the queries."""
+
+    eval_limit: int = eval_limit_option(
+        0, "images each in the bank (training split) and the queries (held-out split)", deprecated=("--subset",)
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.train_limit:
+            raise UsageError("--data.train-limit: a kNN evaluation trains nothing; --data.eval-limit caps the bank")
+
 
 if TYPE_CHECKING:
     import torch
@@ -53,55 +71,49 @@ class KnnConfig:
     )
     features: Literal["backbone", "pixels"] = option("backbone", "backbone features, or raw pixels (baseline)")
     arch: MocoArch = option("resnet_debug", "backbone when --moco-weights is '' (the random-init baseline)")
-    data: SslData | None = option(
-        None, "digits, cifar10 or image-folder (data_root/train, data_root/val); default: the checkpoint's, else digits"
-    )
-    data_root: Path | None = option(
-        None, "cifar10: folder with cifar-10-batches-py/; image-folder: root; default: the checkpoint's, else "
-        "data/cifar10",
-    )  # fmt: skip
+    data: KnnData = option(KnnData(), "which images (default: the backbone's pretraining data)")
     image_size: int | None = option(None, "input side; default: the checkpoint's pretraining side, else 16", ge=1)
     k: int = option(200, "neighbours", ge=1)
     temperature: float = option(
         0.1, "temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
     )
-    subset: int = option(0, "N > 0: first N images of each split (0: all)", ge=0)
-    seed: int = option(0, "seed of the random init and of the digits split", ge=0, lt=2**63)
+    seed: int = option(0, "seed of the random init", ge=0, lt=2**63)
     device: str = option("cpu", "cpu or cuda")
     batch_size: int = option(256, "feature-extraction batch size", ge=1)
 
     def validate(self) -> None:
         # what is known before a checkpoint is read: the given values, or the defaults where none will be read
         from_checkpoint = self.features == "backbone" and bool(self.moco_weights)
-        data = self.data or (None if from_checkpoint else DEFAULT_DATA)
+        kind = self.data.kind or (None if from_checkpoint else DEFAULT_KIND)
         size = self.image_size or (None if from_checkpoint else DEFAULT_IMAGE_SIZE)
-        random_backbone = self.features == "backbone" and not self.moco_weights
-        if data is not None and size is not None:
-            check_image_size(data, size, self.arch if random_backbone else None)
-        if data is not None:
-            check_knn_k(self.k, "--k", data, self.subset, "--subset")
+        if size is not None:
+            check_image_size(kind, size)
+            if self.features == "backbone" and not self.moco_weights:  # a random-init backbone of --arch
+                check_vit_image_size(self.arch, size)
+        check_knn_k(self.k, "--k", kind, self.data.eval_limit)
 
 
 def _knn(argv: list[str]) -> int:
     import torch
 
+    from trainlab.data.sources import eval_images
     from trainlab.engine.loop import resolve_device
     from trainlab.recipes.linear_probe import load_backbone, resolve_eval_data
-    from trainlab.recipes.moco import knn_of_features, load_eval_images
+    from trainlab.recipes.moco import knn_of_features
 
     c = parse(KnnConfig, argv, prog="trainlab eval knn")
     torch.manual_seed(c.seed)
     device = resolve_device(c.device)
     checkpoint = c.moco_weights if c.features == "backbone" else ""
-    d = resolve_eval_data(checkpoint, c.data, c.image_size, c.data_root)
-    check_knn_k(c.k, "--k", d.data, c.subset, "--subset")  # the data set may have come from the checkpoint
-    images = load_eval_images(d.data, d.data_root, d.image_size, c.seed, c.subset)
+    data, side = resolve_eval_data(checkpoint, c.data, c.image_size)
+    check_knn_k(c.k, "--k", data.kind, data.eval_limit)  # the kind may have come from the checkpoint
+    images = eval_images(data.resolved(), side)
     features: Callable[[torch.Tensor], torch.Tensor]
     if c.features == "pixels":
         source = "raw pixels"
         features = partial(torch.flatten, start_dim=1)
     else:
-        model, source = load_backbone(c.moco_weights, c.arch, d.image_size)
+        model, source = load_backbone(c.moco_weights, c.arch, side)
         model = model.to(device).eval()
         features = model.features
     acc = knn_of_features(features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature)
@@ -114,8 +126,8 @@ def _knn(argv: list[str]) -> int:
                 "temperature": c.temperature,
                 "bank": int(images.bank_N3HW.shape[0]),
                 "queries": int(images.query_N3HW.shape[0]),
-                "data": d.data,
-                "image_size": d.image_size,
+                "data": data.kind,
+                "image_size": side,
             }
         )
     )

@@ -51,7 +51,7 @@ from trainlab.models.var.sample import sample_images
 from trainlab.models.var.transformer import VAR
 from trainlab.models.var.vqvae import VQVAE
 from trainlab.recipes.tokenizer import TokenizerConfig, TokenizerRecipe
-from trainlab.recipes.var import VARRecipe, VARTrainConfig
+from trainlab.recipes.var import VarData, VARRecipe, VARTrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,8 @@ def tokenizer_config(demo: DemoConfig) -> TokenizerConfig:
         resume="auto",
     )
     if demo.quick:
-        cfg = dataclasses.replace(cfg, epochs=1, max_steps=12, discriminator_start=8, eval_size=200, log_every=2)
+        data = dataclasses.replace(cfg.data, eval_limit=200)
+        cfg = dataclasses.replace(cfg, epochs=1, max_steps=12, discriminator_start=8, data=data, log_every=2)
     cfg.validate()
     return cfg
 
@@ -129,7 +130,7 @@ def var_config(demo: DemoConfig, tokenizer_path: Path) -> VARTrainConfig:
         run_dir=demo.run_dir / "var",
         seed=demo.seed,
         device=demo.device,
-        dataset="digits",
+        data=VarData(kind="digits"),
         image_size=IMAGE_SIZE,
         patch_nums=PATCH_NUMS,
         vocab_size=256,
@@ -144,12 +145,14 @@ def var_config(demo: DemoConfig, tokenizer_path: Path) -> VARTrainConfig:
         epochs=DEMO_VAR_EPOCHS,
         base_learning_rate=4e-3,
         eval_batch_size=250,
+        token_cache_batch_size=250,
         log_every=10,
         progress=demo.progress,
         resume="auto",
     )
     if demo.quick:
-        cfg = dataclasses.replace(cfg, epochs=1, max_steps=10, eval_max_images=200, log_every=2)
+        data = dataclasses.replace(cfg.data, eval_limit=200)
+        cfg = dataclasses.replace(cfg, epochs=1, max_steps=10, data=data, log_every=2)
     cfg.validate()
     return cfg
 

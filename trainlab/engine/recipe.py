@@ -238,7 +238,7 @@ class Recipe(ABC, Generic[ConfigT]):
     best_metric: str = ""  # key returned by evaluate(); '' disables best.pt
     best_mode: Literal["max", "min"] = "max"
     supports_activation_checkpointing: bool = False  # the recipe honours --activation-checkpointing (else refused)
-    resume_may_change: tuple[str, ...] = ()  # config fields (besides the engine's) a resume may change; all others
+    resume_may_change: tuple[str, ...] = ()  # config fields (`data.root`: dotted) a resume may change; all others
     # must equal the checkpoint's (a resume that would silently compute something else is refused, naming the field)
 
     def __init__(self, config: ConfigT) -> None:

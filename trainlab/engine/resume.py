@@ -74,8 +74,9 @@ ALWAYS_RECORDED = ("seed", "precision", "epochs", "batch_size", "grad_accumulati
 
 def may_change(key: str, recipe_fields: Iterable[str]) -> bool:
     """Whether the dotted config key `key` may differ from the checkpoint's on resume."""
-    top = key.split(".")[0]
-    return top in ENGINE_MAY_CHANGE or top in set(recipe_fields) or top.endswith(LEARNING_RATE_SUFFIX)
+    top, fields = key.split(".")[0], set(recipe_fields)
+    named = key in fields or top in fields  # a field (`data.root`), or a whole group (`schedule`)
+    return named or top in ENGINE_MAY_CHANGE or key.endswith(LEARNING_RATE_SUFFIX)
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

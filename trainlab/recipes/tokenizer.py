@@ -42,7 +42,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainlab import dist
 from trainlab.config import option
-from trainlab.data.splits import reconstruction_splits
+from trainlab.data.config import DataConfig, eval_limit_option, fake_size_option, kind_option, root_option
+from trainlab.data.sources import open_split
+from trainlab.data.transforms import VarResizeCrop
 from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
@@ -66,7 +68,7 @@ from trainlab.models.var.vqvae import PATCH_NUMS_256, VQVAE, VQVAEConfig
 
 log = logging.getLogger(__name__)
 
-DatasetKind = Literal["digits", "image-folder", "fake"]
+TokenizerKind = Literal["image-folder", "digits", "fake"]
 _ARCH_FIELDS = (
     "vocab_size",
     "z_channels",
@@ -78,6 +80,19 @@ _ARCH_FIELDS = (
     "share_quant_resi",
     "image_size",
 )
+
+
+@dataclasses.dataclass(kw_only=True)
+class TokenizerData(DataConfig):
+    """The tokenizer's images: an ImageNet-layout folder, the bundled digits or fake images (labels unused), through
+    `var_resize_crop` at --image-size; the held-out split gives PSNR, codebook usage and rFID."""
+
+    kind: TokenizerKind = kind_option("image-folder", TokenizerKind, deprecated=("--dataset",))
+    root: Path = root_option(Path("data/imagenet"), TokenizerKind, deprecated=("--data-root",))
+    eval_limit: int = eval_limit_option(
+        1000, "held-out images (PSNR, codebook usage, rFID after each evaluated epoch)", deprecated=("--eval-size",)
+    )
+    fake_size: int = fake_size_option(deprecated=("--fake-size",))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -103,14 +118,9 @@ class TokenizerConfig(TrainConfig):
     share_quant_resi: int = option(4, "number of phi convs (0: one per scale)", ge=0)
     image_size: int = option(256, "image side; must equal patch_nums[-1] * downsample", ge=1)
     # ---- data
-    dataset: DatasetKind = option("image-folder", "digits (bundled MNIST subset), image-folder (--data-root), fake")
-    data_root: Path = option(Path("data/imagenet"), "image-folder: a folder with train/<class>/* and val/<class>/*")
+    data: TokenizerData = option(TokenizerData(), "which images")
     train_crop: Literal["center", "random"] = option(
         "center", "image-folder training crop after VAR's 1.125x Lanczos resize (held-out: always center)"
-    )
-    fake_size: int = option(256, "fake: number of synthetic training images", ge=1)
-    eval_size: int = option(
-        1000, "held-out images for PSNR / codebook usage / rFID after each evaluated epoch (0: none)", ge=0
     )
     eval_batch_size: int = option(64, "batch size of the held-out evaluation", ge=1)
     # ---- reconstruction and codebook
@@ -201,7 +211,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
     config_class = TokenizerConfig
     best_metric = "psnr"
     best_mode = "max"
-    resume_may_change = ("data_root", "eval_size", "eval_batch_size", "inception_weights")
+    resume_may_change = ("data.root", "eval_batch_size", "inception_weights")
 
     def __init__(self, config: TokenizerConfig) -> None:
         super().__init__(config)
@@ -255,16 +265,12 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
-        train_set, self._heldout = reconstruction_splits(
-            c.dataset,
-            data_root=c.data_root,
-            image_size=c.image_size,
-            random_crop=c.train_crop == "random",
-            fake_size=c.fake_size,
-            heldout_size=max(c.eval_size, 1),
-            seed=c.seed,
-        )
-        return train_set
+        crop = VarResizeCrop(c.image_size, crop=c.train_crop)
+        train = open_split(c.data, "train", crop, seed=c.seed)
+        heldout = open_split(c.data, "eval", VarResizeCrop(c.image_size), seed=c.seed)
+        assert train is not None
+        self._heldout = heldout.images if heldout is not None else None
+        return train.images
 
     def example_batch(self, batch_size: int) -> Batch:
         side = self.config.image_size
@@ -414,7 +420,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
     # -------------------------------------------------------------------------------------------- evaluation
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
         c = self.config
-        if c.eval_size == 0 or self._heldout is None:
+        if self._heldout is None:
             return {}
         vqvae = unwrap_model(models["vqvae"])
         assert isinstance(vqvae, VQVAE)
@@ -495,9 +501,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             quant_resi=debug.quant_resi,
             share_quant_resi=debug.share_quant_resi,
             image_size=debug.image_size,
-            dataset="fake",
-            fake_size=24,
-            eval_size=8,
+            data=dataclasses.replace(self.config.data, kind="fake", fake_size=24, train_limit=0, eval_limit=8),
             eval_batch_size=8,
             batch_size=4,
             grad_accumulation=1,

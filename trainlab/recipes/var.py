@@ -1,6 +1,6 @@
 """VAR: class-conditional next-scale prediction, trained by teacher forcing on the token maps of a FROZEN tokenizer.
 
-`trainlab train var --config var_d16 --data-root /path/imagenet --tokenizer-weights vae_ch160v4096z32.pth`
+`trainlab train var --config var_d16 --data.root /path/imagenet --tokenizer-weights vae_ch160v4096z32.pth`
 
 What one step does (official `trainer.py: train_step`):
     tokens  = tokenizer.img_to_idx(image)               (or read from the token cache); float32, autocast off
@@ -66,7 +66,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import from_dict, option
-from trainlab.data.splits import ImageSplit, image_splits
+from trainlab.data.config import DataConfig, eval_limit_option, fake_size_option, kind_option, root_option
+from trainlab.data.sources import ImageSplit, open_split
 from trainlab.data.token_cache import (
     VARIANT_MIRRORED,
     VARIANT_PLAIN,
@@ -76,6 +77,7 @@ from trainlab.data.token_cache import (
     ensure_token_cache,
     tokenizer_sha256,
 )
+from trainlab.data.transforms import VarResizeCrop
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -89,8 +91,19 @@ from trainlab.recipes.var_progressive import ProgressiveSchedule
 
 log = logging.getLogger(__name__)
 
-DatasetKind = Literal["image-folder", "digits", "fake"]
+VarKind = Literal["image-folder", "digits", "fake"]
 TokenizerArchitecture = Literal["auto", "official", "digits", "debug"]  # auto or a VQVAE_PRESETS name
+
+
+@dataclasses.dataclass(kw_only=True)
+class VarData(DataConfig):
+    """VAR's images: an ImageNet-layout folder (the official runs: root/train, root/val), the bundled digits (the demo)
+    or fake images; `open_split` applies `var_resize_crop` at --image-size."""
+
+    kind: VarKind = kind_option("image-folder", VarKind, deprecated=("--dataset",))
+    root: Path = root_option(Path("data/imagenet"), VarKind, deprecated=("--data-root",))
+    eval_limit: int = eval_limit_option(0, "validation images", deprecated=("--eval-max-images",))
+    fake_size: int = fake_size_option(deprecated=("--fake-num-images",))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -141,15 +154,13 @@ class VARTrainConfig(TrainConfig):
         "auto", "tokenizer architecture: auto (from the weights) or a VQVAE preset (official = ch160 v4096 z32)"
     )
     # ----------------------------------------------------------------------------------------------- data
-    dataset: DatasetKind = option("image-folder", "image-folder (data_root/train, data_root/val), digits, or fake")
-    data_root: Path = option(Path("data/imagenet"), "ImageNet-layout folder with train/ and val/ class sub-folders")
+    data: VarData = option(VarData(), "which images (the official runs: an ImageNet-layout folder)")
     horizontal_flip: bool = option(False, "random horizontal flips in training (official hflip, off in README runs)")
-    fake_num_images: int = option(256, "dataset=fake: training images (class-coloured patterns; tests, --debug)", ge=1)
     use_token_cache: bool = option(False, "encode every image once (center crop) and train from the stored tokens")
     token_cache_path: str = option("", "token cache directory ('' = run_dir/token_cache; a stale one is rebuilt)")
     token_cache_rebuild: bool = option(False, "rebuild a stale cache at --token-cache-path instead of refusing it")
+    token_cache_batch_size: int = option(64, "images per tokenizer forward when building the token cache", ge=1)
     eval_batch_size: int = option(64, "batch size of the validation pass (rank 0)", ge=1)
-    eval_max_images: int = option(0, "evaluate on at most this many validation images (0: all)", ge=0)
     # -------------------------------------------------------------------------------------- optimisation
     epochs: int = option(200, "number of epochs (official ep)", ge=1)
     batch_size: int = option(
@@ -251,12 +262,13 @@ class VARRecipe(Recipe[VARTrainConfig]):
     best_mode = "min"
     supports_activation_checkpointing = True  # per transformer block
     resume_may_change = (
-        "data_root",
+        "data.root",
         "tokenizer_weights",  # a moved file: the checkpoint keeps the weights' SHA-256 and refuses others
         "eval_batch_size",
-        "eval_max_images",
+        "data.eval_limit",
         "token_cache_path",
         "token_cache_rebuild",
+        "token_cache_batch_size",
         "export",
     )
 
@@ -271,12 +283,13 @@ class VARRecipe(Recipe[VARTrainConfig]):
 
     # --------------------------------------------------------------------------------------------- data
     def _cached(
-        self, split: ImageSplit, name: str, tokenizer: VQVAE, device: torch.device, train: bool
+        self, split: ImageSplit, name: Literal["train", "val"], tokenizer: VQVAE, device: torch.device, train: bool
     ) -> Dataset[dict[str, torch.Tensor]]:
         c = self.config
         variants = (VARIANT_PLAIN, VARIANT_MIRRORED) if (train and c.horizontal_flip) else (VARIANT_PLAIN,)
-        desc = {k: v for k, v in split.description.items() if k not in ("crop", "flip")}
-        spec = TokenCacheSpec(self.tokenizer_hash, tuple(c.patch_nums), self.seq_len, c.vocab_size, desc, variants)
+        spec = TokenCacheSpec(
+            self.tokenizer_hash, tuple(c.patch_nums), self.seq_len, c.vocab_size, split.description, variants
+        )
         base = Path(c.token_cache_path) if c.token_cache_path else c.run_dir / "token_cache"
         on_stale: Literal["rebuild", "refuse"] = (
             "rebuild" if (not c.token_cache_path or c.token_cache_rebuild) else "refuse"
@@ -284,14 +297,29 @@ class VARRecipe(Recipe[VARTrainConfig]):
         cache = ensure_token_cache(
             base / name,
             spec,
-            lambda: split.variants(variants),
+            lambda: self._variants("train" if name == "train" else "eval", variants),
             tokenizer,
             on_stale=on_stale,
             device=device,
-            batch_size=c.eval_batch_size,
+            batch_size=c.token_cache_batch_size,
             num_workers=c.num_workers,
         )
         return TokenCacheDataset(cache, seed=c.seed, random_variant=train)
+
+    def _variants(self, split: Literal["train", "eval"], variants: tuple[str, ...]) -> list[Dataset[Batch]]:
+        """The fixed preprocessings a token cache stores: centre crop, plain or mirrored."""
+        c, out = self.config, []
+        for variant in variants:
+            flip: Literal["always", "none"] = "always" if variant == VARIANT_MIRRORED else "none"
+            crop = VarResizeCrop(c.image_size, flip=flip)
+            images = open_split(c.data, split, crop, seed=c.seed, fake_classes=self._fake_classes)
+            assert images is not None  # the split was opened before
+            out.append(images.images)
+        return out
+
+    @property
+    def _fake_classes(self) -> int:
+        return min(self.config.num_classes, 10)
 
     # -------------------------------------------------------------------------------------------- build
     def build(self, device: torch.device) -> TrainParts:
@@ -331,15 +359,10 @@ class VARRecipe(Recipe[VARTrainConfig]):
         c = self.config
         tokenizer = parts.frozen["tokenizer"]
         assert isinstance(tokenizer, VQVAE)
-        train, val = image_splits(
-            c.dataset,
-            data_root=c.data_root,
-            image_size=c.image_size,
-            horizontal_flip=c.horizontal_flip,
-            seed=c.seed,
-            fake_num_images=c.fake_num_images,
-            fake_classes=min(c.num_classes, 10),
-        )
+        crop = VarResizeCrop(c.image_size, crop="random", flip="random" if c.horizontal_flip else "none")
+        train = open_split(c.data, "train", crop, seed=c.seed, fake_classes=self._fake_classes)
+        val = open_split(c.data, "eval", VarResizeCrop(c.image_size), seed=c.seed, fake_classes=self._fake_classes)
+        assert train is not None
         if train.num_classes > c.num_classes:
             raise UsageError(
                 f"the dataset has {train.num_classes} classes but the model has --num-classes {c.num_classes}; "
@@ -452,11 +475,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         )
         totals = TokenMetricTotals(self.slices, device)
         for batch in loader:
-            if c.eval_max_images and totals.images >= c.eval_max_images:
-                break
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            if c.eval_max_images:
-                batch = {k: v[: c.eval_max_images - totals.images] for k, v in batch.items()}
             tokens_BL = self.tokens(tokenizer, batch)
             logits_BLV = var(batch["label"], self.teacher_forcing_input(tokenizer, tokens_BL), cond_drop_rate=0.0)
             totals.add(logits_BLV, tokens_BL)
@@ -489,14 +508,12 @@ class VARRecipe(Recipe[VARTrainConfig]):
             tokenizer_weights="",
             tokenizer_config="debug",
             init_from="",
-            dataset="fake",
-            fake_num_images=32,
+            data=dataclasses.replace(c.data, kind="fake", fake_size=32, train_limit=0, eval_limit=0),
             batch_size=8 * c.grad_accumulation,
             base_learning_rate=0.03,  # peak lr 1e-3 at batch 8, so that the weights visibly move in a few steps
             epochs=3,  # 4 steps per epoch: the debug check resumes mid-epoch (step 6)
             max_steps=-1,
             eval_batch_size=32,
-            eval_max_images=0,
             log_every=1,
             num_workers=0,
             progressive_start_scale=min(c.progressive_start_scale, 1),

@@ -127,6 +127,20 @@ class VisionTransformerMoCo(VisionTransformer):
                 proj.bias.requires_grad = False
 
 
+def check_vit_image_size(arch: str, image_size: int) -> None:
+    """Refuse an image side a ViT `arch` cannot cut into its patches (another architecture: nothing to check).
+
+    Raises:
+        UsageError: one line naming --image-size and the sides that work.
+    """
+    size = VIT_SIZES.get(arch)
+    if size is not None and (image_size % size.patch_size or image_size < size.patch_size):
+        raise UsageError(
+            f"--arch {arch} cuts images into {size.patch_size}-px patches: --image-size must be a multiple of "
+            f"{size.patch_size}, got {image_size}"
+        )
+
+
 def make_vit(arch: str, *, num_classes: int, image_size: int, stop_grad_conv1: bool) -> VisionTransformerMoCo:
     """Build MoCo v3's ViT `arch` (a key of `VIT_SIZES`) for square `image_size` inputs.
 
