@@ -360,10 +360,20 @@ def _build(cls: type[T], data: dict[str, Any], where: str) -> T:
     for name, value in data.items():
         tp, f = known[name]
         if dataclasses.is_dataclass(tp):
+            default = _default_group(f)  # a partial group keeps the field's own defaults for what it leaves out
+            if isinstance(value, dict) and default is not None:
+                value = merge(to_dict(default), value)
             kwargs[name] = _build(tp, value, f"{where}.{name}")  # type: ignore[arg-type]
         else:
             kwargs[name] = _convert(_upgrade_value(value, f, f"{where}.{name}"), tp, f"{where}.{name}")
     return cls(**kwargs)
+
+
+def _default_group(f: dataclasses.Field[Any]) -> Any:
+    """The default instance of a nested-config field (`option(ScheduleConfig(kind="cosine"), ...)`), or None."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 # ------------------------------------------------------------------------------------------ renamed settings
