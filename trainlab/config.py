@@ -386,7 +386,9 @@ def deprecated_keys(cls: type, prefix: str = "") -> dict[str, str]:
             renames.update(deprecated_keys(tp, dotted + "."))  # type: ignore[arg-type]
             continue
         for flag in f.metadata.get("deprecated", ()):
-            renames[flag.lstrip("-").replace("-", "_")] = dotted
+            former = flag.lstrip("-").replace("-", "_")
+            if former != dotted:  # a group's former flat key, the group read on its own: the same key
+                renames[former] = dotted
     return renames
 
 
@@ -631,6 +633,8 @@ def _add_arguments(
             help=help_text,
         )
         for former in f.metadata.get("deprecated", ()):
+            if former == _flag(dotted):  # a group's former flat flag, the group parsed on its own: the same flag
+                continue
             parser.add_argument(
                 former,
                 dest=dotted,
