@@ -28,8 +28,8 @@ from trainlab.cli import main
 from trainlab.engine.loop import FitResult
 from trainlab.errors import UsageError, check_output_path, first_line
 from trainlab.models.moco import MoCo, load_official, official_checkpoint
-from trainlab.models.var.loading import export_official
-from trainlab.models.var.loading import load_official as load_var_pair
+from trainlab.models.var.convert import export_official
+from trainlab.models.var.convert import load_official as load_var_pair
 from trainlab.models.var.sample import generate
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
@@ -253,7 +253,7 @@ def test_outputs_that_cannot_fit_are_refused_before_sampling(
 
 # ------------------------------------------------------------------------------------------------ digit judge
 def _judge_file(tmp_path: Path, name: str, *, meta: dict[str, str] | None = None, nan: bool = False) -> Path:
-    from trainlab.demo.judge import DigitJudge, save_judge
+    from trainlab.models.digit_judge import DigitJudge, save_judge
 
     base = tmp_path / "judge.safetensors"
     if not base.is_file():
@@ -295,7 +295,7 @@ def _moco(arch: str, image_size: int = 16) -> MoCo:
 
 
 def test_moco_without_predictor_or_with_nan_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ckpt = official_checkpoint(_moco("resnet_debug"), epoch=1)
+    ckpt = official_checkpoint(_moco("tv_resnet_debug"), epoch=1)
     no_predictor = {k: v for k, v in ckpt["state_dict"].items() if ".predictor." not in k}
     torch.save({**ckpt, "state_dict": no_predictor}, tmp_path / "nopred.pth.tar")
     nan = {k: v.clone() for k, v in ckpt["state_dict"].items()}
@@ -309,8 +309,8 @@ def test_moco_without_predictor_or_with_nan_is_one_line(tmp_path: Path, capsys: 
 
 
 def test_load_official_keeps_a_vit_patch_projection_frozen_on_request(tmp_path: Path) -> None:
-    torch.save(official_checkpoint(_moco("vit_debug"), epoch=3), tmp_path / "vit.pth.tar")
-    torch.save(official_checkpoint(_moco("resnet_debug"), epoch=3), tmp_path / "r.pth.tar")
+    torch.save(official_checkpoint(_moco("moco_vit_debug"), epoch=3), tmp_path / "vit.pth.tar")
+    torch.save(official_checkpoint(_moco("tv_resnet_debug"), epoch=3), tmp_path / "r.pth.tar")
     free = load_official(tmp_path / "vit.pth.tar", temperature=0.2)
     frozen = load_official(tmp_path / "vit.pth.tar", temperature=0.2, stop_grad_conv1=True)
     proj, fc1 = "base_encoder.patch_embed.proj", "base_encoder.blocks.0.mlp.fc1.weight"
@@ -331,7 +331,7 @@ def test_load_official_keeps_a_vit_patch_projection_frozen_on_request(tmp_path: 
 
 # ------------------------------------------------------------------------------------------------ eval data
 def _trainlab_moco(tmp_path: Path, *, image_size: int, data: str = "digits") -> Path:
-    model = _moco("resnet_debug")
+    model = _moco("tv_resnet_debug")
     config = {"arch": "resnet_debug", "data": data, "image_size": image_size, "data_root": str(tmp_path / "root")}
     ckpt = {"format": "trainlab-checkpoint", "recipe": "moco", "models": {"moco": model.state_dict()}, "config": config}
     path = tmp_path / f"moco_{data}_{image_size}.pt"
@@ -353,7 +353,7 @@ def test_eval_data_comes_from_the_checkpoint_unless_given(tmp_path: Path, caplog
     cifar = str(_trainlab_moco(tmp_path, image_size=32, data="cifar10"))
     assert resolve_eval_data(cifar, None, None, None).data_root == tmp_path / "root"
     assert resolve_eval_data(cifar, "digits", None, None).data_root == Path("data/cifar10")  # not cifar's root
-    torch.save(official_checkpoint(_moco("vit_debug", image_size=16), epoch=1), tmp_path / "vit.pth.tar")
+    torch.save(official_checkpoint(_moco("moco_vit_debug", image_size=16), epoch=1), tmp_path / "vit.pth.tar")
     assert resolve_eval_data(str(tmp_path / "vit.pth.tar"), None, None, None).image_size == 16
     with pytest.raises(UsageError, match="position table is for 16 px inputs"):
         resolve_eval_data(str(tmp_path / "vit.pth.tar"), None, 32, None)
@@ -367,7 +367,7 @@ def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest
     assert main(["eval", "knn", "--checkpoint", str(ckpt), "--subset", "64", "--k", "5"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (printed["data"], printed["image_size"]) == ("digits", 32)
-    model, _ = load_backbone(str(ckpt), "resnet_debug", 32)
+    model, _ = load_backbone(str(ckpt), "tv_resnet_debug", 32)
     images = load_eval_images("digits", Path("unused"), 32, 0, 64)
     expected = knn_of_features(model.eval().features, images, device=torch.device("cpu"), batch_size=256, k=5,
                                temperature=0.1)  # fmt: skip
@@ -376,7 +376,7 @@ def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest
 
 # ------------------------------------------------------------------------------------------------ linear probe
 def _probe_args(run: Path, *extra: str) -> list[str]:
-    args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--run-dir", str(run)]
+    args = ["eval", "linear-probe", "--checkpoint", "", "--model", "tv_resnet_debug", "--run-dir", str(run)]
     return [*args, "--eval-subset", "64", "--batch-size", "16", "--tensorboard", "false", "--progress", "false", *extra]
 
 

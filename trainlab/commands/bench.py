@@ -23,8 +23,10 @@ from pathlib import Path
 import torch
 
 from trainlab.config import option, parse
+from trainlab.engine.device import DEVICE_HELP
 from trainlab.engine.precision import LAB_PRECISIONS, Precision, PrecisionName, check_device_support
 from trainlab.errors import UsageError, check_output_path
+from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +37,14 @@ SHOWN_ENV = "TRAINLAB_BENCH_SHOWN"  # JSON list of the warnings the bench printe
 class PrecisionBenchConfig:
     """Run the CIFAR-10 recipe under every precision mode, then tabulate and plot."""
 
-    model: str = option("resnet18", "model name (see `trainlab train cifar --help`)")
+    model: CifarModel = option(
+        "cifar_resnet18", "the CIFAR recipe's --model (registry name)", deprecated_values=FORMER_CIFAR_NAMES
+    )
     epochs: int = option(30, "epochs per run", ge=1)
     seeds: int = option(1, "seeds per precision mode (mean ± std across them)", ge=1)
     modes: list[PrecisionName] = option(list(LAB_PRECISIONS), "precision modes to run")
     out_dir: Path = option(Path("runs/bench-precision"), "where the runs, table and plots go")
-    device: str = option("auto", "cpu, cuda, cuda:N or auto")
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(128, "global batch size", gt=0)
     learning_rate: float = option(0.1, "peak learning rate", gt=0)
     data_root: Path = option(Path("data/cifar10"), "folder holding cifar-10-batches-py/")
@@ -48,12 +52,6 @@ class PrecisionBenchConfig:
     max_steps: int = option(-1, "stop each run after this many optimizer steps (-1: all epochs)", ge=1, sentinels=(-1,))
     log_every: int = option(10, "training-metric logging interval (steps)", ge=1)
     num_workers: int = option(2, "DataLoader workers per run", ge=0)
-
-    def validate(self) -> None:
-        from trainlab.models.registry import list_models
-
-        if self.model not in list_models():  # a registry, not a Literal: models register themselves
-            raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
 
 
 class _Collect(logging.Handler):
@@ -84,7 +82,7 @@ def _collect_warnings() -> Iterator[_Collect]:
 def runnable_modes(modes: Sequence[str], device_name: str) -> tuple[list[str], list[str]]:
     """The modes this device can run (the others are skipped with a logged reason, never silently), and the warnings
     their checks gave, each logged once with the modes it concerns (rather than once per mode and again per run)."""
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
 
     device = resolve_device(device_name)
     keep = []
@@ -134,7 +132,7 @@ def _train_command(cfg: PrecisionBenchConfig, mode: str, seed: int, run_dir: Pat
     return [
         sys.executable, "-m", "trainlab.commands.bench", "train", "cifar",
         "--model", cfg.model, "--precision", mode, "--seed", str(seed), "--epochs", str(cfg.epochs),
-        "--batch-size", str(cfg.batch_size), "--learning-rate", str(cfg.learning_rate), "--device", cfg.device,
+        "--batch-size", str(cfg.batch_size), "--optim.learning-rate", str(cfg.learning_rate), "--device", cfg.device,
         "--data-root", str(cfg.data_root), "--fake-data", str(cfg.fake_data), "--max-steps", str(cfg.max_steps),
         "--log-every", str(cfg.log_every), "--num-workers", str(cfg.num_workers), "--run-dir", str(run_dir),
         "--resume", "auto", *extra,

@@ -33,6 +33,7 @@ from PIL import Image
 
 from trainlab.commands.sample import MAX_GUIDANCE
 from trainlab.config import option, parse
+from trainlab.engine.device import DEVICE_HELP
 from trainlab.errors import UsageError
 
 # Shape legend: N results, H/W image side (R), 3 RGB channels, B a batch (here 1).
@@ -66,7 +67,7 @@ class EditConfig:
     num_results: int = option(4, "results in the grid", metavar="N", aliases=("--n",), ge=1)
     out: Path = option(help="the grid: original, mask overlay, results", metavar="PNG")
     save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
-    device: str = option("auto", "torch device: cpu, cuda, cuda:N or auto (cuda if available, else cpu)")
+    device: str = option("auto", DEVICE_HELP)
 
     def validate(self) -> None:
         from trainlab.commands.sample import _check_writable
@@ -190,9 +191,9 @@ def main(argv: list[str]) -> int:
     config = parse(EditConfig, argv, prog="trainlab edit", epilog=__doc__ or "")
 
     from trainlab.commands.sample import _save_grid, check_tokenizer_matches
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
+    from trainlab.models.var.convert import load_official, read_state_dict
     from trainlab.models.var.edit import edit_tokens, encode_tokens, kept_token_maps
-    from trainlab.models.var.loading import load_official, read_state_dict
 
     device = resolve_device(config.device)
     vqvae, var = load_official(config.vae_weights, config.var_weights)

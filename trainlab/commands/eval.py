@@ -2,7 +2,7 @@
 
 MoCo v3 backbones (trainlab run or official):
 trainlab eval knn --checkpoint runs/moco/ckpt/last.pt --data digits --image-size 16
-trainlab eval knn --checkpoint '' --arch resnet_debug --data digits      (random-init baseline)
+trainlab eval knn --checkpoint '' --model tv_resnet_debug --data digits  (random-init baseline)
 trainlab eval knn --features pixels --data digits                        (raw-pixel baseline)
 trainlab eval linear-probe --checkpoint checkpoint_0099.pth.tar --data cifar10 --image-size 32
 trainlab eval linear-probe --checkpoint CKPT --data image-folder --data-root /data/imagenet --image-size 224
@@ -17,7 +17,7 @@ trainlab eval fid --samples samples/ --reference VIRTUAL_imagenet256_labeled.npz
     FID, Inception Score, precision/recall through torch-fidelity, Inception weights from the local file only; the
     reference's statistics are cached next to it (REF.fidelity-cache/); see trainlab/evaluate/fidelity.py
 trainlab eval judge --samples samples/ --judge runs/demo/judge.safetensors
-    the demo judge's accuracy against the labels in the file names (NNNNNN_cCCCC.png), overall and per class
+    the digit judge's accuracy against the labels in the file names (NNNNNN_cCCCC.png), overall and per class
 Each prints one JSON line.
 """
 
@@ -34,8 +34,9 @@ from typing import Literal
 import torch
 
 from trainlab.config import option, parse
+from trainlab.engine.device import DEVICE_HELP
 from trainlab.errors import UsageError
-from trainlab.models.moco import MocoArch
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
 from trainlab.recipes.linear_probe import DEFAULT_DATA, DEFAULT_IMAGE_SIZE
 from trainlab.recipes.moco import SslData, check_image_size, check_knn_k
 
@@ -46,7 +47,12 @@ class KnnConfig:
 
     checkpoint: str = option("", "MoCo checkpoint (official main_moco.py or trainlab ckpt/last.pt); '': random init")
     features: Literal["backbone", "pixels"] = option("backbone", "backbone features, or raw pixels (baseline)")
-    arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
+    model: MocoBackbone = option(
+        "tv_resnet_debug",
+        "backbone (registry name) when --checkpoint is '' (the random-init baseline)",
+        deprecated=("--arch",),
+        deprecated_values=FORMER_MOCO_BACKBONES,
+    )
     data: SslData | None = option(
         None, "digits, cifar10 or image-folder (data_root/train, data_root/val); default: the checkpoint's, else digits"
     )
@@ -61,7 +67,7 @@ class KnnConfig:
     )
     subset: int = option(0, "N > 0: first N images of each split (0: all)", ge=0)
     seed: int = option(0, "seed of the random init and of the digits split", ge=0, lt=2**63)
-    device: str = option("cpu", "cpu or cuda")
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(256, "feature-extraction batch size", ge=1)
 
     def validate(self) -> None:
@@ -71,13 +77,13 @@ class KnnConfig:
         size = self.image_size or (None if from_checkpoint else DEFAULT_IMAGE_SIZE)
         random_backbone = self.features == "backbone" and not self.checkpoint
         if data is not None and size is not None:
-            check_image_size(data, size, self.arch if random_backbone else None)
+            check_image_size(data, size, self.model if random_backbone else None)
         if data is not None:
             check_knn_k(self.k, "--k", data, self.subset, "--subset")
 
 
 def _knn(argv: list[str]) -> int:
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
     from trainlab.recipes.linear_probe import load_backbone, resolve_eval_data
     from trainlab.recipes.moco import knn_of_features, load_eval_images
 
@@ -93,7 +99,7 @@ def _knn(argv: list[str]) -> int:
         source = "raw pixels"
         features = partial(torch.flatten, start_dim=1)
     else:
-        model, source = load_backbone(c.checkpoint, c.arch, d.image_size)
+        model, source = load_backbone(c.checkpoint, c.model, d.image_size)
         model = model.to(device).eval()
         features = model.features
     acc = knn_of_features(features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature)
@@ -173,7 +179,7 @@ class FidConfig:
     feature_dims: Literal["2048", "768", "192", "64"] = option(
         "2048", "Inception features of FID and precision/recall: 2048 = standard FID; fewer for small sets"
     )
-    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda if available, else cpu")
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(64, "images per Inception forward pass", metavar="B", ge=1)
     decode_workers: bool = option(True, "decode images in torch-fidelity's DataLoader workers (false: in-process)")
     isc_splits: int = option(
@@ -184,16 +190,17 @@ class FidConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class JudgeConfig:
-    """The demo judge's accuracy on a labelled sample folder (labels from NNNNNN_cCCCC.png names)."""
+    """The digit judge's accuracy on a labelled sample folder (labels from NNNNNN_cCCCC.png names)."""
 
     samples: Path = option(
         help="labelled images: a folder of NNNNNN_cCCCC.png, or an .npz (arr_0, arr_1)", metavar="DIR|NPZ"
     )
-    judge: Path = option(help="the demo's judge, e.g. runs/demo/judge.safetensors", metavar="PATH")
-    device: str = option("cpu", "cpu or cuda")
+    judge: Path = option(help="a digit judge (trainlab train judge), e.g. runs/demo/judge.safetensors", metavar="PATH")
+    device: str = option("auto", DEVICE_HELP)
 
 
 def _fid(argv: list[str]) -> int:
+    from trainlab.engine.device import resolve_device
     from trainlab.evaluate.fidelity import (
         compare_image_sets,
         file_sha256,
@@ -203,10 +210,7 @@ def _fid(argv: list[str]) -> int:
     from trainlab.evaluate.image_sets import read_image_set
 
     c = parse(FidConfig, argv, prog="trainlab eval fid")
-    if c.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: CUDA is not available here; use --device cpu (or auto)")
-    use_cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = resolve_device(c.device)
     samples = read_image_set(c.samples, flag="--samples")
     reference = read_image_set(c.reference, flag="--reference")
     read_reference_mu_sigma(reference)  # a malformed reference batch fails before the network is loaded
@@ -228,10 +232,10 @@ def _fid(argv: list[str]) -> int:
 
 
 def _judge(argv: list[str]) -> int:
-    from trainlab.demo.judge import load_judge
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
     from trainlab.evaluate.image_sets import read_image_set
     from trainlab.evaluate.judge_accuracy import judged_accuracy
+    from trainlab.models.digit_judge import load_judge
 
     c = parse(JudgeConfig, argv, prog="trainlab eval judge")
     judge = load_judge(c.judge, device=resolve_device(c.device))

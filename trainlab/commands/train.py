@@ -60,7 +60,7 @@ def resolve_auto_accumulation(recipe_cls: type[Recipe[Any]], config: TrainConfig
     Raises:
         UsageError: the device is neither CPU nor CUDA, or even micro-batch 1 does not fit (names the levers).
     """
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
     from trainlab.memory.gpus import GpuProfile
     from trainlab.memory.planner import auto_accumulation
     from trainlab.memory.trace import PlanDevice

@@ -24,9 +24,16 @@ from trainlab.dtypes import at_least_float32
 from trainlab.engine.metrics import progress
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
-from trainlab.models.cifar_resnet import CifarResNet
-from trainlab.models.cifar_vgg import CifarVGG
-from trainlab.models.registry import create_model, list_models
+from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
+from trainlab.models.registry import create_model
+from trainlab.optim.config import OptimConfig
+
+
+@dataclasses.dataclass(kw_only=True)
+class CifarOptimConfig(OptimConfig):
+    """The optimizer group with CIFAR's former `--momentum` spelling (now `--optim.momentum`)."""
+
+    momentum: float = option(0.9, "SGD momentum", ge=0, lt=1, deprecated=("--momentum", "--optimizer-momentum"))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -34,7 +41,11 @@ class CifarConfig(TrainConfig):
     """Train a CIFAR-10 classifier (VGG-11/13/16/19, ResNet-18/34/50 with CIFAR stems, or their debug variants)."""
 
     run_dir: Path = option(Path("runs/cifar"), "output directory")
-    model: str = option("resnet18", "vgg11, vgg13, vgg16, vgg19, resnet18, resnet34, resnet50, vgg_debug, resnet_debug")
+    model: CifarModel = option(
+        "cifar_resnet18",
+        "registry name: kuangliu's CIFAR ResNets / VGGs (3x3 stem, PyTorch's default init)",
+        deprecated_values=FORMER_CIFAR_NAMES,
+    )
     data_root: Path = option(Path("data/cifar10"), "folder holding cifar-10-batches-py/")
     download: bool = option(False, "download CIFAR-10 into data_root if it is missing (needs the network)")
     fake_data: int = option(
@@ -43,17 +54,12 @@ class CifarConfig(TrainConfig):
     epochs: int = option(200, "number of epochs", ge=1)
     batch_size: int = option(128, "global batch per optimizer step", gt=0)
     eval_batch_size: int = option(500, "batch size for the test-set evaluation", ge=1)
-    learning_rate: float = option(0.1, "peak learning rate (SGD); scale it with the batch size", gt=0)
-    momentum: float = option(0.9, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = option(5e-4, "weight decay (all parameters, as in the reference recipe)", ge=0)
+    optim: CifarOptimConfig = option(
+        CifarOptimConfig(name="sgd", learning_rate=0.1, momentum=0.9, weight_decay=5e-4),
+        "SGD, peak lr 0.1 at batch 128 (scale it with the batch size), momentum 0.9, weight decay 5e-4 on all "
+        "parameters (the reference recipe)",
+    )
     schedule: ScheduleConfig = option(ScheduleConfig(kind="cosine"), "learning-rate schedule (per optimizer step)")
-
-    def validate(self) -> None:
-        super().validate()
-        from trainlab.errors import UsageError
-
-        if self.model not in list_models():
-            raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
 
 
 class CifarRecipe(Recipe[CifarConfig]):
@@ -62,7 +68,6 @@ class CifarRecipe(Recipe[CifarConfig]):
     best_metric = "test_accuracy"
     best_mode = "max"
     resume_may_change = ("data_root", "download", "eval_batch_size")
-    supports_activation_checkpointing = True  # per ResNet stage / per VGG block between max-pools
 
     def __init__(self, config: CifarConfig) -> None:
         super().__init__(config)
@@ -80,11 +85,7 @@ class CifarRecipe(Recipe[CifarConfig]):
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         model = create_model(c.model, num_classes=10).to(device)
-        assert isinstance(model, CifarResNet | CifarVGG), type(model)
-        model.activation_checkpointing = c.activation_checkpointing
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=c.learning_rate, momentum=c.momentum, weight_decay=c.weight_decay
-        )
+        optimizer = c.optim.build(model.parameters(), batch_size=c.batch_size, device=device)
         return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])])
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
@@ -123,7 +124,9 @@ class CifarRecipe(Recipe[CifarConfig]):
         return {"test_accuracy": correct / total, "test_loss": loss_sum / total}
 
     def debug_config(self) -> CifarConfig:
-        debug_model = "vgg_debug" if self.config.model.startswith("vgg") else "resnet_debug"
+        debug_model: CifarModel = (
+            "cifar_vgg_debug" if self.config.model.startswith("cifar_vgg") else "cifar_resnet_debug"
+        )
         return dataclasses.replace(
             self.config,
             model=debug_model,

@@ -31,12 +31,14 @@ from trainlab.data.ssl_views import HALF, IMAGENET_MEAN, IMAGENET_STD, TensorTwo
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
-from trainlab.evaluate.knn import extract_features, knn_accuracy
-from trainlab.models.moco import MOCO_ARCHS, MoCo, MocoArch, cosine_momentum, official_checkpoint
-from trainlab.optim import LARS
+from trainlab.evaluate.features import extract_features
+from trainlab.evaluate.knn import knn_accuracy
+from trainlab.models.moco import MoCo, is_vit, official_checkpoint
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
+from trainlab.optim.config import OptimConfig
+from trainlab.optim.momentum import cosine_momentum
 
 SslData = Literal["digits", "cifar10", "image-folder"]
-OptimizerName = Literal["lars", "adamw"]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -44,7 +46,12 @@ class MocoConfig(TrainConfig):
     """MoCo v3 pretraining of a ResNet or ViT (official defaults: ResNet-50, LARS, T 1.0; see configs/moco_*)."""
 
     run_dir: Path = option(Path("runs/moco"), "output directory")
-    arch: MocoArch = option("resnet18_cifar", "backbone: " + ", ".join(MOCO_ARCHS))
+    model: MocoBackbone = option(
+        "tv_resnet18_cifar",
+        "backbone (registry name): torchvision ResNets tv_*, MoCo v3 ViTs moco_vit_*",
+        deprecated=("--arch",),
+        deprecated_values=FORMER_MOCO_BACKBONES,
+    )
     data: SslData = option("cifar10", "digits (bundled, CPU), cifar10 (data_root/cifar-10-batches-py) or image-folder")
     data_root: Path = option(
         Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: train/, val/"
@@ -61,10 +68,11 @@ class MocoConfig(TrainConfig):
     momentum: float = option(0.99, "momentum-encoder coefficient m0 (official --moco-m; 1: frozen keys)", ge=0, le=1)
     momentum_cosine: bool = option(True, "cosine schedule of m from m0 to 1 per iteration (official --moco-m-cos)")
     stop_grad_conv1: bool = option(False, "ViT: keep the patch projection at its random init (--stop-grad-conv1)")
-    optimizer: OptimizerName = option("lars", "lars (ResNet) or adamw (ViT)")
-    base_learning_rate: float = option(0.6, "learning rate per 256 images; lr = base x batch_size / 256 (--lr)", gt=0)
-    weight_decay: float = option(1e-6, "weight decay (official --wd: LARS 1e-6, AdamW 0.1)", ge=0)
-    optimizer_momentum: float = option(0.9, "LARS momentum", ge=0, lt=1)
+    optim: OptimConfig = option(
+        OptimConfig(name="lars", base_learning_rate=0.6, momentum=0.9, weight_decay=1e-6),
+        "official: lars (ResNet) or adamw (ViT); base lr per 256 images (--lr), lr = base x batch_size / 256; "
+        "weight decay (--wd) LARS 1e-6, AdamW 0.1",
+    )
     sync_batchnorm: bool = option(True, "SyncBatchNorm when distributed on CUDA (as the official code)")
     batch_size: int = option(512, "global batch per optimizer step (official 4096)", gt=0)
     epochs: int = option(100, "number of epochs", ge=1)
@@ -82,30 +90,30 @@ class MocoConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_image_size(self.data, self.image_size, self.arch)
+        check_image_size(self.data, self.image_size, self.model)
         check_knn_k(self.knn_k, "--knn-k", self.data, self.eval_subset, "--eval-subset")
 
 
-def check_image_size(data: SslData, image_size: int, arch: str | None) -> None:
+def check_image_size(data: SslData, image_size: int, model: str | None) -> None:
     """Refuse an image side the data or the backbone cannot take (digits 8-32 px; a ViT's side divides by its patch).
 
     Args:
         data: the data set.
         image_size: the input side (--image-size).
-        arch: the backbone that will be built at that size, or None when it comes from a checkpoint.
+        model: the backbone that will be built at that size, or None when it comes from a checkpoint.
 
     Raises:
         UsageError: one line naming --image-size and the sizes that work.
     """
     from trainlab.data.digits import MAX_RESOLUTION, MIN_RESOLUTION
-    from trainlab.models.moco.vit import VIT_SIZES
+    from trainlab.models.backbones.vit import VIT_SIZES
 
     if data == "digits" and not MIN_RESOLUTION <= image_size <= MAX_RESOLUTION:
         raise UsageError(f"digits are {MIN_RESOLUTION} to {MAX_RESOLUTION} px; got --image-size {image_size}")
-    vit = VIT_SIZES.get(arch or "")
+    vit = VIT_SIZES.get(model or "")
     if vit is not None and (image_size % vit.patch_size or image_size < vit.patch_size):
         raise UsageError(
-            f"--arch {arch} cuts images into {vit.patch_size}-px patches: --image-size must be a multiple of "
+            f"--model {model} cuts images into {vit.patch_size}-px patches: --image-size must be a multiple of "
             f"{vit.patch_size}, got {image_size}"
         )
 
@@ -235,39 +243,29 @@ def _unwrap(model: nn.Module) -> MoCo:
 class MocoRecipe(Recipe[MocoConfig]):
     name = "moco"
     config_class = MocoConfig
-    resume_must_match = ("arch", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optimizer")
-    supports_activation_checkpointing = True  # per ViT block / per ResNet stage
+    resume_must_match = ("model", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optim")
 
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
         self._eval_images: EvalImages | None = None
 
-    def learning_rate(self) -> float:
-        """The official linear scaling: base x global batch / 256."""
-        return self.config.base_learning_rate * self.config.batch_size / 256
-
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         model = MoCo(
-            c.arch,
+            c.model,
             dim=c.projection_dim,
             mlp_dim=c.mlp_hidden_dim,
             temperature=c.temperature,
             image_size=c.image_size,
             stop_grad_conv1=c.stop_grad_conv1,
         )
-        model.set_activation_checkpointing(c.activation_checkpointing)
         if dist.world_size() > 1:
             model.gather_keys = dist.gather_keys
             if c.sync_batchnorm and device.type == "cuda":
                 model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer: torch.optim.Optimizer
-        if c.optimizer == "lars":
-            optimizer = LARS(params, self.learning_rate(), weight_decay=c.weight_decay, momentum=c.optimizer_momentum)
-        else:
-            optimizer = torch.optim.AdamW(params, self.learning_rate(), weight_decay=c.weight_decay)
+        optimizer = c.optim.build(params, batch_size=c.batch_size, device=device)
         return TrainParts(models={"moco": model}, phases=[Phase("main", optimizer, ["moco"])])
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
@@ -335,10 +333,9 @@ class MocoRecipe(Recipe[MocoConfig]):
         torch.save(state, self.config.run_dir / "checkpoint_official.pth.tar")
 
     def debug_config(self) -> MocoConfig:
-        vit = self.config.arch.startswith("vit")
         return dataclasses.replace(
             self.config,
-            arch="vit_debug" if vit else "resnet_debug",
+            model="moco_vit_debug" if is_vit(self.config.model) else "tv_resnet_debug",
             data="digits",
             train_subset=128,
             image_size=16,

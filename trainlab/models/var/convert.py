@@ -23,7 +23,7 @@ from torch import nn
 
 from trainlab.errors import UsageError
 from trainlab.models.var.transformer import VAR, VARConfig
-from trainlab.models.var.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
+from trainlab.models.var.vqvae import VQVAE, infer_vqvae_config, vqvae_config
 from trainlab.user_files import check_state_dict, load_user_file
 
 log = logging.getLogger(__name__)
@@ -278,52 +278,52 @@ def export_official(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_tokenizer(path: str, preset: str, patch_nums: Sequence[int], *, seed: int = 0) -> VQVAE:
+def load_tokenizer(path: str, model: str, patch_nums: Sequence[int], *, seed: int = 0) -> VQVAE:
     """The frozen tokenizer: eval mode, requires_grad False, float32 on CPU.
 
     Args:
-        path: weights file; '' only with preset "debug" (a seeded random tiny VQVAE, for tests and --debug).
-        preset: "auto" (architecture inferred from the weights) or a name in `VQVAE_PRESETS` ("official":
-            vae_ch160v4096z32, "digits", "debug").
+        path: weights file; '' only with model "vqvae_debug" (a seeded random tiny VQVAE, for tests and --debug).
+        model: "auto" (architecture inferred from the weights) or a VQVAE registry name (`VQVAE_NAMES`:
+            "vqvae_official" = vae_ch160v4096z32, "vqvae_digits", "vqvae_debug").
         patch_nums: the token-map sides VAR is trained on.
         seed: seed of the random debug tokenizer.
 
     Raises:
-        UsageError: missing or unreadable file, or weights that do not fit the preset.
+        UsageError: missing or unreadable file, or weights that do not fit the architecture.
     """
     patch_nums = tuple(int(pn) for pn in patch_nums)
     if not path:
-        if preset != "debug":
+        if model != "vqvae_debug":
             raise UsageError(
                 "--tokenizer is required: download vae_ch160v4096z32.pth from huggingface.co/FoundationVision/var "
                 "(or export a trainlab tokenizer) and pass its path"
             )
         with torch.random.fork_rng(devices=[]):  # leaves the global RNG (VAR's init) untouched
             torch.manual_seed(seed + 7919)
-            model = VQVAE(VQVAEConfig.preset("debug", patch_nums))
+            tokenizer = VQVAE(vqvae_config("vqvae_debug", patch_nums))
             with torch.no_grad():  # spread-out codes, so that images use many of them
-                model.quantize.embedding.weight.normal_(0.0, 0.5)
+                tokenizer.quantize.embedding.weight.normal_(0.0, 0.5)
         log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer given); only for tests and --debug")
-        return model.freeze()
+        return tokenizer.freeze()
     state = read_state_dict(path, "VQVAE")
     _check_kind(state, path, "VQVAE")
     source = f"tokenizer weights {path}"
-    if preset == "auto":
+    if model == "auto":
         _check_inference_keys(state, _VQVAE_INFERENCE_RANKS, source)
         vq_cfg = infer_vqvae_config(state, patch_nums)
     else:
-        vq_cfg = VQVAEConfig.preset(preset, patch_nums)
-    model = VQVAE(vq_cfg)
-    expected = _vqvae_expected(model, state)
+        vq_cfg = vqvae_config(model, patch_nums)
+    tokenizer = VQVAE(vq_cfg)
+    expected = _vqvae_expected(tokenizer, state)
     if set(state) != set(expected) or any(tuple(state[k].shape) != tuple(v.shape) for k, v in expected.items()):
         raise UsageError(
-            f"tokenizer weights {path} do not fit --tokenizer-config {preset} (other keys or shapes); try "
-            "--tokenizer-config auto"
+            f"tokenizer weights {path} do not fit --tokenizer-model {model} (other keys or shapes); try "
+            "--tokenizer-model auto"
         )
     check_state_dict(state, expected, source=source)  # dtypes and finite values
-    model.load_state_dict(state)
-    log.info("tokenizer: %s (%s, V=%d, Cv=%d, ch=%d)", path, preset, vq_cfg.vocab_size, vq_cfg.z_channels, vq_cfg.ch)
-    return model.freeze()
+    tokenizer.load_state_dict(state)
+    log.info("tokenizer: %s (%s, V=%d, Cv=%d, ch=%d)", path, model, vq_cfg.vocab_size, vq_cfg.z_channels, vq_cfg.ch)
+    return tokenizer.freeze()
 
 
 def load_official_into_(var: VAR, path: Path) -> None:
@@ -348,7 +348,7 @@ def load_official_into_(var: VAR, path: Path) -> None:
 def export_var(var: VAR, run_dir: Path) -> tuple[Path, Path]:
     """Write `var_export.pth` and `var_export.safetensors` (official state_dict format, atomic) into `run_dir`.
 
-    Both load with `trainlab.models.var.loading.load_official` / `trainlab sample` and the official code.
+    Both load with `trainlab.models.var.convert.load_official` / `trainlab sample` and the official code.
 
     Returns:
         The two paths.
