@@ -86,6 +86,7 @@ CASES: dict[str, Case] = {
         {"model": "moco_vit_small", "optim.name": "adamw", "stop_grad_conv1": True},
         {"epochs": 6, "optim.base_learning_rate": 0.06},
     ),
+    "judge": Case("judge", overrides={"epochs": 6}),
 }
 REFERENCE_CASES = sorted(name for name, case in CASES.items() if case.has_reference)
 
