@@ -257,7 +257,7 @@ def test_identical_flags_of_other_libraries_are_accepted_and_named(
 @pytest.mark.parametrize(
     ("command", "argv", "expected"),
     [
-        ("train toy", ["--lr", "0.1"], "--lr: did you mean --learning-rate?"),
+        ("train toy", ["--lr", "0.1"], "--lr: did you mean --optim.learning-rate?"),
         ("train toy", ["--mixed-precision", "bf16"], "did you mean --precision? (Accelerate's no / fp16 / bf16"),
         ("train toy", ["--output-dir", "x"], "--output-dir: did you mean --run-dir?"),
         ("report", ["RUN", "--output-dir", "x"], "--output-dir: did you mean --out-dir?"),

@@ -31,10 +31,11 @@ from trainlab.config import to_dict
 from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, load_checkpoint, non_finite_weights
 from trainlab.engine.compile import check_compile_toolchain, compile_for_training
 from trainlab.engine.data import StepBatchSampler, build_loader
+from trainlab.engine.device import resolve_device
 from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
 from trainlab.engine.precision import LossScaler, Precision, check_device_support
-from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts, check_activation_checkpointing
+from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts, apply_activation_checkpointing
 from trainlab.engine.resume import (
     ENGINE_MAY_CHANGE,
     RelaunchPlan,
@@ -55,21 +56,6 @@ from trainlab.host_memory import host_allocator
 log = logging.getLogger(__name__)
 
 __all__ = ["ENGINE_MAY_CHANGE", "FitResult", "Progress", "Trainer", "resolve_device"]
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when available (and says so); an explicit CUDA request without CUDA is an error."""
-    if name == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        log.info("device: %s (auto: CUDA %savailable)", device, "" if device.type == "cuda" else "not ")
-        return device
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown device {name!r}; use cpu, cuda, cuda:N or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
-    return device
 
 
 @dataclass
@@ -105,7 +91,6 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.precision = Precision.parse(cfg.precision)
         check_device_support(self.precision, self.device)
-        check_activation_checkpointing(recipe)
         compiler = check_compile_toolchain(self.device) if cfg.compile else ""
         if cfg.memory_snapshot and self.device.type != "cuda":
             raise UsageError("--memory-snapshot records the CUDA caching allocator and needs a CUDA device")
@@ -144,6 +129,7 @@ class Trainer:
         seed_everything(cfg.seed)
         with self.precision.default_dtype():  # fp64: models initialised and data generated in float64
             self.parts: TrainParts = recipe.build(self.device)
+            apply_activation_checkpointing(recipe, self.parts)
             for name, model in self.parts.models.items():
                 self.precision.prepare_model(model, keep_batchnorm_fp32=cfg.keep_batchnorm_fp32)
                 self.parts.models[name] = model.to(self.device)
