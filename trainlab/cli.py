@@ -5,6 +5,7 @@
     trainlab report RUN_DIR [RUN_DIR ...]                            (plots and tables from run directories)
     trainlab sample --vae PATH --var PATH --classes ...              (sample from VAR weights)
     trainlab demo [--quick]                                          (tokenizer + VAR on bundled digits, judged)
+    trainlab doctor [RECIPE [train flags]] [--json]                  (checks this machine before a long run)
 
 Bad input prints one line and exits with code 2; `--help` on any subcommand documents every field.
 """
@@ -32,6 +33,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "edit": ("trainlab.commands.edit:main", "in-paint / out-paint / class-edit an image with VAR weights (zero-shot)"),
     "eval": ("trainlab.commands.eval:main", "MoCo backbones (`eval knn|linear-probe`), samples (`eval fid|judge`)"),
     "demo": ("trainlab.commands.demo:main", "tokenizer + VAR trained on bundled digits, then judged (--quick: 2 min)"),
+    "doctor": ("trainlab.commands.doctor:main", "check the machine before a long run: GPUs, versions, shm, disk, data"),
 }
 
 
