@@ -66,6 +66,7 @@ ENGINE_MAY_CHANGE = (
     "activation_checkpointing",  # the same losses and gradients, recomputed
     "compile",  # the same computation, float arithmetic reordered
     "ddp_find_unused_parameters",
+    "dist_timeout",
     "memory_snapshot",
     "debug",
 )
@@ -123,7 +124,7 @@ class Trainer:
         compiler = check_compile_toolchain(self.device) if cfg.compile else ""
         if cfg.memory_snapshot and self.device.type != "cuda":
             raise UsageError("--memory-snapshot records the CUDA caching allocator and needs a CUDA device")
-        dist.init(self.device.type)
+        dist.init(self.device.type, cfg.dist_timeout)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", dist.local_rank())
         self.is_main = dist.is_main()
@@ -257,10 +258,10 @@ class Trainer:
                 f"(first: {bad[0]}); the last finite checkpoint is kept: lower the learning rate and resume"
             )
         state = self.state_dict()
-        if not self.write_outputs:
-            return
-        self.store.save(state, is_best=is_best)
-        log.info("saved %s (step %d%s)", self.store.last, self.progress.step, ", best" if is_best else "")
+        if self.write_outputs:
+            self.store.save(state, is_best=is_best)
+            log.info("saved %s (step %d%s)", self.store.last, self.progress.step, ", best" if is_best else "")
+        dist.barrier("a checkpoint save")  # rank 0's write: waited for on the long timeout, not --dist-timeout
 
     def load(self, path: Path) -> None:
         """Resume from the checkpoint at `path` (its config must match this run's, see `ENGINE_MAY_CHANGE`)."""

@@ -112,6 +112,13 @@ class TrainConfig:
     progress: bool = option(True, "progress bar on a terminal; otherwise a plain line every --log-every steps")
     deterministic: bool = option(False, "deterministic cuDNN kernels (slower)")
     ddp_find_unused_parameters: bool = option(False, "DDP find_unused_parameters (only for models that need it)")
+    dist_timeout: float = option(
+        300.0,
+        "seconds a training collective waits for the other processes before the run stops, naming the ranks that "
+        "did not answer (NCCL's own default: 600; raise it for a long first --compile)",
+        gt=0,
+        le=86400,
+    )
     activation_checkpointing: bool = option(
         False, "recompute activations in backward instead of keeping them (less memory, one more forward per block)"
     )

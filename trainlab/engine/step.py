@@ -20,11 +20,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainlab import dist
 from trainlab.dtypes import at_least_float32
 from trainlab.engine.precision import LossScaler, Precision, grad_norm_, only_requires_grad
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo
 from trainlab.engine.schedule import Scheduler
-from trainlab.errors import TrainingStopped
+from trainlab.errors import TrainingStopped, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class StepRunner:
 
     def __post_init__(self) -> None:
         self.all_params = [p for m in self.models.values() for p in m.parameters()]
+        self._unused_checked: set[str] = set()  # phases whose parameters were checked for a missing gradient
 
     def models_for(self, phase: Phase) -> dict[str, nn.Module]:
         """Modules trained in `phase` DDP-wrapped; the other trained ones raw (no gradient sync); frozen ones."""
@@ -112,7 +114,12 @@ class StepRunner:
         metrics: dict[str, float] = {}
         for phase in active:
             prefix = f"{phase.name}/" if multi else ""
-            metrics.update({prefix + k: v for k, v in self._phase_step(phase, batches, info, multi).items()})
+            try:
+                phase_metrics = self._phase_step(phase, batches, info, multi)
+            except RuntimeError as err:  # DDP's unused-parameter error, a timed-out collective: one named line
+                dist.raise_named(err, {n: self.wrapped[n] for n in phase.modules}, info.step)
+                raise
+            metrics.update({prefix + k: v for k, v in phase_metrics.items()})
         batches.drain()
         return metrics
 
@@ -140,6 +147,7 @@ class StepRunner:
                     sums[key] = sums.get(key, 0) + v / num_micro
                 del out, batch
         scaler.unscale_(phase.optimizer)
+        self._check_unused_parameters(phase, info)
         clip = self.clip_grad_norm if phase.clip_grad_norm is None else phase.clip_grad_norm
         norm, finite = grad_norm_(params, clip)
         metrics = {key: float(value) for key, value in sums.items()}
@@ -162,6 +170,28 @@ class StepRunner:
         if not stepped:
             log.warning("step %d (%s): non-finite gradients (overflow); optimizer step skipped", info.step, phase.name)
         return metrics
+
+    def _check_unused_parameters(self, phase: Phase, info: StepInfo) -> None:
+        """At a phase's first step in this process: parameters that received no gradient. Under DDP without
+        --ddp-find-unused-parameters that is a one-line error now (DDP itself would fail one step later without
+        naming them); in one process a warning (torchrun would fail). Collective under DDP."""
+        if phase.name in self._unused_checked:
+            return
+        self._unused_checked.add(phase.name)
+        named = [
+            (f"{n}.{k}", p) for n in phase.modules for k, p in self.models[n].named_parameters() if p.requires_grad
+        ]
+        unused = dist.unused_parameters(named)
+        if not unused:
+            return
+        wrappers = [getattr(self.wrapped[n], "_orig_mod", self.wrapped[n]) for n in phase.modules]
+        ddp = [w for w in wrappers if isinstance(w, DistributedDataParallel)]
+        if not ddp:
+            log.warning("%s", dist.unused_parameters_line(unused, step=info.step, ddp=False))
+        elif not all(w.find_unused_parameters for w in ddp):
+            raise UsageError(dist.unused_parameters_line(unused, step=info.step, ddp=True))
+        else:
+            log.info("%d parameter(s) without a gradient, as --ddp-find-unused-parameters allows", len(unused))
 
     def _no_sync(self, phase: Phase, skip: bool) -> contextlib.AbstractContextManager[Any]:
         if not skip:
