@@ -27,6 +27,7 @@ from trainlab.config import to_dict
 from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, load_checkpoint, non_finite_weights
 from trainlab.engine.compile import check_compile_toolchain, compile_for_training
 from trainlab.engine.data import StepBatchSampler, build_loader
+from trainlab.engine.health import HealthMonitor
 from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
 from trainlab.engine.precision import LossScaler, Precision, check_device_support
@@ -67,6 +68,7 @@ ENGINE_MAY_CHANGE = (
     "compile",  # the same computation, float arithmetic reordered
     "ddp_find_unused_parameters",
     "dist_timeout",
+    "health_every",
     "memory_snapshot",
     "debug",
 )
@@ -190,6 +192,14 @@ class Trainer:
                 compiler,
                 ", ".join(trained),
             )
+        self.health = HealthMonitor(  # training health every --health-every steps (engine/health.py)
+            self.parts.models,
+            self.phases,
+            cfg.health_every,
+            self.device,
+            observe_activations=not cfg.compile,
+            warn=self.is_main,
+        )
         self.runner = StepRunner(
             recipe=recipe,
             phases=self.phases,
@@ -201,6 +211,7 @@ class Trainer:
             precision=self.precision,
             device=self.device,
             clip_grad_norm=cfg.clip_grad_norm,
+            health=self.health,
         )
         self.progress = Progress()
         self._stop_at_step: int | None = None
@@ -485,10 +496,12 @@ class Trainer:
         first_loss_key = "loss" if len(self.phases) == 1 else f"{self.phases[0].name}/loss"
         try:
             while self.progress.step_in_epoch < self.steps_per_epoch:
-                metrics = self.runner.run(iterator, self.step_info())
+                info = self.step_info()
+                metrics = self.runner.run(iterator, info)
                 self._count_skipped(metrics)
                 self.progress.step += 1
                 self.progress.step_in_epoch += 1
+                self._log_health(logger, info)
                 steps_done += 1
                 losses.append(metrics.get(first_loss_key, math.nan))
                 self._bar.update(self.progress.step, metrics)
@@ -522,6 +535,15 @@ class Trainer:
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
         return status, (elapsed if full_epoch else None), steps_done * cfg.batch_size
+
+    def _log_health(self, logger: MetricsLogger, info: StepInfo) -> None:
+        """The health metrics of an observed step (every --health-every steps), averaged over ranks, and the
+        warnings they call for (engine/health.py)."""
+        health = self.health.pop_metrics(info)
+        if health:
+            health = dist.all_reduce_mean(health, self.device)
+            self.health.check(self.progress.step, health)
+            logger.log("health", self.progress.step, self.progress.epoch, health)
 
     def _count_skipped(self, metrics: dict[str, float]) -> None:
         """Overflow skips are legitimate with loss scaling, up to --max-skipped-steps in a row."""

@@ -92,6 +92,12 @@ class TrainConfig:
     schedule: ScheduleConfig = option(ScheduleConfig(), "learning-rate schedule")
     num_workers: int = option(0, "DataLoader worker processes", ge=0)
     log_every: int = option(10, "log training metrics every N optimizer steps", ge=1)
+    health_every: int = option(
+        200,
+        "log training health (per-block gradient norm, update/weight ratio, dead ReLU units) every N optimizer "
+        "steps, warning once per problem (0: off)",
+        ge=0,
+    )
     eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)", ge=1)
     checkpoint_every: int = option(0, "also save ckpt/last.pt every N optimizer steps (0: at epoch ends only)", ge=0)
     keep_checkpoints: int = option(

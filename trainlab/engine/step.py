@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainlab import dist
 from trainlab.dtypes import at_least_float32
+from trainlab.engine.health import HealthMonitor
 from trainlab.engine.precision import LossScaler, Precision, grad_norm_, only_requires_grad
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo
 from trainlab.engine.schedule import Scheduler
@@ -87,6 +88,7 @@ class StepRunner:
     precision: Precision
     device: torch.device
     clip_grad_norm: float
+    health: HealthMonitor | None = None  # observes every --health-every-th step (engine.health); None: off
 
     def __post_init__(self) -> None:
         self.all_params = [p for m in self.models.values() for p in m.parameters()]
@@ -135,7 +137,7 @@ class StepRunner:
             for i, batch in enumerate(batches):
                 micro_info = replace(info, micro_step=i)
                 with self._no_sync(phase, skip=i < num_micro - 1):
-                    with self.precision.autocast(self.device.type):
+                    with self.precision.autocast(self.device.type), self._health_forward(phase.name, micro_info):
                         out = self.recipe.train_step(models, batch, phase.name, micro_info)
                     scaler.scale(out["loss"] / num_micro).backward()
                 for key, value in out.items():
@@ -148,6 +150,8 @@ class StepRunner:
                 del out, batch
         scaler.unscale_(phase.optimizer)
         self._check_unused_parameters(phase, info)
+        if self.health is not None:
+            self.health.record_gradients(phase.name, info)  # before clipping: the gradients as computed
         clip = self.clip_grad_norm if phase.clip_grad_norm is None else phase.clip_grad_norm
         norm, finite = grad_norm_(params, clip)
         metrics = {key: float(value) for key, value in sums.items()}
@@ -159,7 +163,11 @@ class StepRunner:
                 f"in {self.precision.name}, where no loss scaling skips such steps; nothing was saved after the last "
                 "good checkpoint: lower the learning rate (or clip gradients) and resume"
             )
+        if self.health is not None:
+            self.health.before_update(phase.name, info)
         stepped = scaler.step(phase.optimizer, finite)
+        if self.health is not None:
+            self.health.after_update(phase.name, info, stepped)
         phase.optimizer.zero_grad(set_to_none=True)
         metrics.update(self.recipe.after_optimizer_step(models, phase.name, info))
         metrics["grad_norm"] = norm if finite else float("nan")
@@ -170,6 +178,9 @@ class StepRunner:
         if not stepped:
             log.warning("step %d (%s): non-finite gradients (overflow); optimizer step skipped", info.step, phase.name)
         return metrics
+
+    def _health_forward(self, phase: str, info: StepInfo) -> contextlib.AbstractContextManager[Any]:
+        return self.health.watch_forward(phase, info) if self.health is not None else contextlib.nullcontext()
 
     def _check_unused_parameters(self, phase: Phase, info: StepInfo) -> None:
         """At a phase's first step in this process: parameters that received no gradient. Under DDP without
