@@ -93,6 +93,15 @@ def test_a_healthy_relu_network_gives_no_health_warning(tmp_path: Path, caplog: 
     assert row["health_seconds"] > 0 and 0 < row["overhead"] < 1
 
 
+@pytest.mark.parametrize("precision", ["fp64", "bf16", "fp16-scale", "bf16-amp"])
+def test_health_is_measured_in_every_precision(tmp_path: Path, precision: str) -> None:
+    Trainer(ReluToyRecipe(_config(tmp_path, precision=precision, health_every=4))).fit()
+    rows = _health_rows(tmp_path)
+    assert [r["step"] for r in rows] == [4, 8, 12, 16]
+    assert all(r["grad_norm/model.2"] > 0 for r in rows)
+    assert all(r["update_ratio/model.2"] > 0 for r in rows[:-1])  # the last step's learning rate is 0 (cosine)
+
+
 def test_health_is_off_at_0_and_mirrored_to_tensorboard(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -94,15 +94,21 @@ def relu_modules(name: str, model: nn.Module) -> dict[str, nn.Module]:
     return {f"{name}.{path}": m for path, m in model.named_modules() if isinstance(m, RELU_FAMILY)}
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype measurements are made in: float32, or float64 for float64 tensors."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def sampled(p: torch.Tensor) -> torch.Tensor:
-    """A float32 copy of at most `SAMPLED_ELEMENTS` evenly spaced elements of `p` (all of a small one). The stride
-    shares no factor with the last dimension, so the sample walks through every column of a matrix."""
+    """A float32 (float64 for float64) copy of at most `SAMPLED_ELEMENTS` evenly spaced elements of `p` (all of a small
+    one). The stride shares no factor with the last dimension, so the sample walks through every column of a
+    matrix."""
     flat = p.detach().reshape(-1)
     stride = max(1, math.ceil(flat.numel() / SAMPLED_ELEMENTS))
     if stride > 1 and p.dim() > 0:
         while math.gcd(stride, p.shape[-1]) != 1:
             stride += 1
-    return flat[::stride].to(torch.float32, copy=True)
+    return flat[::stride].to(_wide(p.dtype), copy=True)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -121,6 +127,33 @@ class _Warned:
             return False
         self.given.add((block, kind))
         return True
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One phase's trainable parameters in one flat list, each with the index of its block (for foreach ops)."""
+
+    params: list[nn.Parameter]
+    index: list[int]
+    names: list[str]
+
+    @staticmethod
+    def of(model_blocks: list[dict[str, list[nn.Parameter]]]) -> _Layout:
+        params: list[nn.Parameter] = []
+        index: list[int] = []
+        names: list[str] = []
+        for blocks in model_blocks:
+            for name, block in blocks.items():
+                params += block
+                index += [len(names)] * len(block)
+                names.append(name)
+        return _Layout(params, index, names)
+
+    def block_norms(self, norms: list[torch.Tensor] | tuple[torch.Tensor, ...], index: torch.Tensor) -> list[float]:
+        """Per block, the L2 norm of its tensors' norms `norms` (one per entry of `index`), as floats."""
+        squares = torch.stack(list(norms)).to(torch.float64).square()
+        total = torch.zeros(len(self.names), dtype=torch.float64, device=squares.device)
+        return total.index_add_(0, index, squares).sqrt().tolist()
 
 
 class HealthMonitor:
@@ -153,9 +186,10 @@ class HealthMonitor:
         self.optimizers = {p.name: p.optimizer for p in phases}
         self.blocks = {n: parameter_blocks(n, m) for n, m in models.items()}
         self.relus = {n: relu_modules(n, m) for n, m in models.items()}
+        self._layout = {p.name: _Layout.of([self.blocks.get(m, {}) for m in p.modules]) for p in phases}
         self._metrics: dict[str, float] = {}
         self._alive: dict[str, list[torch.Tensor]] = {}  # relu name -> alive_C per call this step
-        self._before: dict[str, list[torch.Tensor]] = {}  # block -> sampled weights before the optimizer step
+        self._before: dict[str, list[torch.Tensor]] = {}  # phase -> sampled weights before the optimizer step
         self._grad_history: dict[str, deque[float]] = {}
         self._ratio_streak: dict[str, int] = {}  # block -> observed steps in a row with its ratio out of range
         self._warned = _Warned()
@@ -188,10 +222,10 @@ class HealthMonitor:
         def hook(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
             start = time.perf_counter()
             if isinstance(output, torch.Tensor) and output.dim() >= 2:
-                with torch.no_grad():
-                    unit_dim = 1 if output.dim() >= 4 else output.dim() - 1
-                    nonzero = output.detach() != 0
-                    alive_C = nonzero.movedim(unit_dim, 0).reshape(output.shape[unit_dim], -1).any(dim=1)
+                unit_dim = 1 if output.dim() >= 4 else output.dim() - 1
+                others = tuple(d for d in range(output.dim()) if d != unit_dim)
+                with torch.no_grad():  # a ReLU's output is >= 0: a unit is alive where its largest value is > 0
+                    alive_C = output.detach().amax(dim=others) > 0
                 self._alive.setdefault(name, []).append(alive_C)
             self._seconds += time.perf_counter() - start
 
@@ -204,17 +238,14 @@ class HealthMonitor:
             return
         _synchronize(self.device)
         start = time.perf_counter()
-        names, norms = [], []
-        for model in self.phase_models[phase]:
-            for block, params in self.blocks.get(model, {}).items():
-                grads = [p.grad for p in params if p.grad is not None]
-                if grads:
-                    per_tensor = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
-                    names.append(block)
-                    norms.append(torch.linalg.vector_norm(per_tensor))
-        if norms:
-            for block, value in zip(names, torch.stack(norms).tolist()):
-                self._metrics[f"grad_norm/{block}"] = value
+        layout = self._layout[phase]
+        present = [(p.grad, i) for p, i in zip(layout.params, layout.index) if p.grad is not None]
+        if present:
+            grads = [g for g, _ in present]
+            index = torch.tensor([i for _, i in present], device=grads[0].device)
+            norms = layout.block_norms(torch._foreach_norm(grads), index)
+            for i in sorted({i for _, i in present}):
+                self._metrics[f"grad_norm/{layout.names[i]}"] = norms[i]
         self._seconds += time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------------ updates
@@ -224,9 +255,7 @@ class HealthMonitor:
             return
         _synchronize(self.device)
         start = time.perf_counter()
-        for model in self.phase_models[phase]:
-            for block, params in self.blocks.get(model, {}).items():
-                self._before[block] = [sampled(p) for p in params]
+        self._before[phase] = [sampled(p) for p in self._layout[phase].params]
         self._seconds += time.perf_counter() - start
 
     def after_update(self, phase: str, info: StepInfo, stepped: bool) -> None:
@@ -235,21 +264,15 @@ class HealthMonitor:
             return
         _synchronize(self.device)
         start = time.perf_counter()
-        names, deltas, weights = [], [], []
-        for model in self.phase_models[phase]:
-            for block, params in self.blocks.get(model, {}).items():
-                before = self._before.pop(block, None)
-                if before is None or not stepped:
-                    continue
-                delta_sq = sum(torch.sum((sampled(p) - b) ** 2) for p, b in zip(params, before))
-                weight_sq = sum(torch.sum(b**2) for b in before)
-                names.append(block)
-                deltas.append(torch.as_tensor(delta_sq))
-                weights.append(torch.as_tensor(weight_sq))
-        if names:
-            d, w = torch.stack(deltas).sqrt().tolist(), torch.stack(weights).sqrt().tolist()
-            for block, delta, weight in zip(names, d, w):
-                self._metrics[f"update_ratio/{block}"] = delta / weight if weight > 0 else math.nan
+        layout = self._layout[phase]
+        before = self._before.pop(phase, None)
+        if before and stepped:
+            index = torch.tensor(layout.index, device=before[0].device)
+            deltas = torch._foreach_sub([sampled(p) for p in layout.params], before)
+            moved = layout.block_norms(torch._foreach_norm(deltas), index)
+            size = layout.block_norms(torch._foreach_norm(before), index)
+            for i, name in enumerate(layout.names):
+                self._metrics[f"update_ratio/{name}"] = moved[i] / size[i] if size[i] > 0 else math.nan
         lr, peak = self._lr(phase)
         self._metrics.setdefault(f"lr_factor/{phase}", lr / peak if peak > 0 else math.nan)
         self._seconds += time.perf_counter() - start
