@@ -22,6 +22,7 @@ NCCL's "invalid usage"), and an NCCL all-reduce over every GPU when there are se
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -92,7 +93,8 @@ def gather_gpus() -> list[GpuFacts]:
 
 
 def probe_sdpa(index: int, dtype: torch.dtype) -> dict[str, str]:
-    """Each SDPA backend tried on a tiny input on GPU `index`: backend -> '' (runs) or why not."""
+    """Each SDPA backend tried on a tiny input on GPU `index`: backend -> '' (runs) or why not (PyTorch's warning
+    that explains the refusal when there is one, else the error)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {
@@ -103,13 +105,16 @@ def probe_sdpa(index: int, dtype: torch.dtype) -> dict[str, str]:
     q = torch.randn(1, 2, 16, 64, device=f"cuda:{index}", dtype=dtype)
     result = {}
     for name, backend in backends.items():
-        try:
-            with sdpa_kernel(backend):
-                torch.nn.functional.scaled_dot_product_attention(q, q, q)
-            torch.cuda.synchronize(index)
-            result[name] = ""
-        except RuntimeError as err:
-            result[name] = first_line(err, 120)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel(backend):
+                    torch.nn.functional.scaled_dot_product_attention(q, q, q)
+                torch.cuda.synchronize(index)
+                result[name] = ""
+            except RuntimeError as err:
+                reasons = [" ".join(str(w.message).split())[:120] for w in caught]
+                result[name] = reasons[0] if reasons else first_line(err, 120)
     return result
 
 
