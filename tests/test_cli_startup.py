@@ -132,6 +132,9 @@ NO_TORCH = [
     (["bench", "precision", "--epochs", "0"], 2),
     (["bench", "precision", "--modes", "fp99"], 2),
     (["bench", "precision", "--help"], 0),
+    (["doctor", "--help"], 0),
+    (["doctor", "--no-such-flag"], 2),
+    (["doctor", "--num-workers", "-1"], 2),
 ]  # fmt: skip
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from trainlab.cli import _COMMANDS
 from trainlab.commands.bench import PrecisionBenchConfig
+from trainlab.commands.doctor import DoctorConfig
 from trainlab.commands.edit import EditConfig
 from trainlab.commands.eval import FidConfig, JudgeConfig, KnnConfig
 from trainlab.commands.plan import PlanOptions
@@ -52,6 +53,7 @@ def _configs() -> dict[str, type]:
             "eval fid": FidConfig,
             "eval judge": JudgeConfig,
             "demo": DemoConfig,
+            "doctor": DoctorConfig,  # plus the flags of `train RECIPE` in `trainlab doctor RECIPE`
         }
     )
     return configs

@@ -99,6 +99,12 @@ class TrainConfig:
     schedule: ScheduleConfig = option(ScheduleConfig(), "learning-rate schedule")
     num_workers: int = option(0, "DataLoader worker processes", ge=0)
     log_every: int = option(10, "log training metrics every N optimizer steps", ge=1)
+    health_every: int = option(
+        200,
+        "log training health (per-block gradient norm, update/weight ratio, dead ReLU units) every N optimizer "
+        "steps, warning once per problem (0: off)",
+        ge=0,
+    )
     eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)", ge=1)
     checkpoint_every: int = option(0, "also save ckpt/last.pt every N optimizer steps (0: at epoch ends only)", ge=0)
     keep_checkpoints: int = option(
@@ -121,6 +127,13 @@ class TrainConfig:
     progress: bool = option(True, "progress bar on a terminal; otherwise a plain line every --log-every steps")
     deterministic: bool = option(False, "deterministic cuDNN kernels (slower)")
     ddp_find_unused_parameters: bool = option(False, "DDP find_unused_parameters (only for models that need it)")
+    dist_timeout: float = option(
+        300.0,
+        "seconds a training collective waits for the other processes before the run stops, naming the ranks that "
+        "did not answer (NCCL's own default: 600; raise it for a long first --compile)",
+        gt=0,
+        le=86400,
+    )
     activation_checkpointing: bool = option(
         False, "recompute activations in backward instead of keeping them (less memory, one more forward per block)"
     )

@@ -64,6 +64,8 @@ ENGINE_MAY_CHANGE = (
     "activation_checkpointing",  # the same losses and gradients, recomputed
     "compile",  # the same computation, float arithmetic reordered
     "ddp_find_unused_parameters",
+    "dist_timeout",  # how long the collectives wait, not what they compute
+    "health_every",  # observed steps only read tensors: the same losses (engine/health.py)
     "memory_snapshot",
     "debug",
 )
