@@ -6,14 +6,14 @@ plumbing at toy sizes on any device and measures nothing worth reporting).
     python benchmarks/bench_gpu.py --smoke --device cpu  # toy sizes: checks the commands and the parsing
 
 Sections (every one a real `trainlab` command in a subprocess; the numbers come from its own outputs):
-  var_train   `trainlab train var --depth 16 --precision P --dataset fake` for P in bf16-amp, fp16-amp-scale, fused
+  var_train   `trainlab train var --depth 16 --precision P --data.kind fake` for P in bf16-amp, fp16-amp-scale, fused
               AdamW, re-encoding every batch with the ch=160 tokenizer: images/s over the engine's timed epochs (its
               first epoch is not timed), peak CUDA memory allocated and reserved, from the run's `summary` row.
   var_sample  `trainlab sample --batch-size 64` (d16 VAR, ch=160 VQVAE, cfg 1.5, top-k 900, top-p 0.96): images/s
               of the 50,000-image FID job in steady state, from the `tokens` and `decode` phases of two runs of
               different length (the difference removes the first batch's warm-up).
-  precision   `trainlab bench precision --model resnet18 --fake-data N` (the CIFAR-10 lab on synthetic data), all
-              eight modes: its results.csv (images/s, peak memory, final loss per mode).
+  precision   `trainlab bench precision --model cifar_resnet18 --data.kind fake --data.fake-size N` (the CIFAR-10 lab
+              on synthetic data), all eight modes: its results.csv (images/s, peak memory, final loss per mode).
 
 Weights are random-init official-architecture files written into the work folder (speed does not depend on the
 values): the ch=160 VQVAE in the `vae_ch160v4096z32.pth` layout (bench_var.py's) and a VAR of --depth in the official
@@ -38,7 +38,7 @@ import torch
 from _env import environment, result_path, run_metrics, settings, write_result
 from bench_var import write_tokenizer
 
-from trainlab.models.var.loading import export_official, read_state_dict
+from trainlab.models.var.convert import export_official, read_state_dict
 from trainlab.models.var.transformer import VAR, VARConfig
 
 SECTIONS = ("var_train", "var_sample", "precision")
@@ -87,8 +87,8 @@ def var_train(args: argparse.Namespace, work: Path, tokenizer: Path) -> dict[str
         argv = trainlab(
             "train", "var", "--run-dir", run_dir, "--device", args.device, "--precision", precision,
             "--depth", args.depth, "--batch-size", args.train_batch_size, "--epochs", 2,
-            "--dataset", "fake", "--fake-num-images", images, "--tokenizer", tokenizer,
-            "--eval-batch-size", args.train_batch_size, "--eval-max-images", args.train_batch_size,
+            "--data.kind", "fake", "--data.fake-size", images, "--tokenizer", tokenizer,
+            "--eval-batch-size", args.train_batch_size, "--data.eval-limit", args.train_batch_size,
             "--num-workers", args.num_workers, "--log-every", 1, "--export", False, "--tensorboard", False,
             "--progress", False,
         )  # fmt: skip
@@ -130,7 +130,7 @@ def var_sample(args: argparse.Namespace, work: Path, tokenizer: Path, var_path: 
     records = {}
     for batches in (1, 1 + extra):
         argv = trainlab(
-            "sample", "--vae-weights", tokenizer, "--var-weights", var_path, "--device", args.device,
+            "sample", "--tokenizer-weights", tokenizer, "--var-weights", var_path, "--device", args.device,
             "--classes", *range(batches * B), "--batch-size", B, "--guidance", 1.5, "--top-k", 900, "--top-p", 0.96,
             "--seed", 0, "--out", work / f"grid_{batches}.png",
         )  # fmt: skip
@@ -155,9 +155,10 @@ def precision_lab(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """`trainlab bench precision` on synthetic CIFAR-format data, every mode; its table as read from results.csv."""
     out_dir = work / "precision"
     argv = trainlab(
-        "bench", "precision", "--model", args.precision_model, "--fake-data", args.precision_images,
+        "bench", "precision", "--model", args.precision_model, "--data.kind", "fake", "--data.fake-size",
+        args.precision_images,
         "--epochs", args.precision_epochs, "--batch-size", args.precision_batch_size, "--device", args.device,
-        "--num-workers", args.num_workers, "--seeds", 1, "--out-dir", out_dir,
+        "--num-workers", args.num_workers, "--num-seeds", 1, "--run-dir", out_dir,
     )  # fmt: skip
     run(argv, "precision")
     with (out_dir / "results.csv").open() as f:
@@ -191,7 +192,7 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=20, help="optimizer steps per epoch (2 epochs)")
     parser.add_argument("--sample-batch-size", type=int, default=64)
     parser.add_argument("--sample-batches", type=int, default=3, help="extra batches of the longer sampling run")
-    parser.add_argument("--precision-model", default="resnet18")
+    parser.add_argument("--precision-model", default="cifar_resnet18")
     parser.add_argument("--precision-images", type=int, default=25_000)
     parser.add_argument("--precision-epochs", type=int, default=3)
     parser.add_argument("--precision-batch-size", type=int, default=128)

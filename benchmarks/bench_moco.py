@@ -41,10 +41,12 @@ import torch
 from _env import environment, result_path, run_metrics, settings, write_result
 from torch.utils.data import DataLoader
 
-from trainlab.data.ssl_views import HALF, TensorTwoViews, ViewSpec
-from trainlab.models.moco import MoCo, cosine_momentum
+from trainlab.data.config import DataConfig
+from trainlab.data.sources import open_split
+from trainlab.data.transforms import HALF, TwoViews
+from trainlab.models.moco import MoCo
 from trainlab.optim import LARS
-from trainlab.recipes.moco import load_train_images
+from trainlab.optim.momentum import cosine_momentum
 
 
 @dataclass(frozen=True)
@@ -61,31 +63,31 @@ class Case:
 
 
 CASES = {
-    "vit_debug": Case("vit_debug", 16, 64, 64, 256, "adamw", 1.5e-4, 0.1, 0.2),
-    "resnet18_cifar": Case("resnet18_cifar", 32, 16, 256, 4096, "lars", 0.3, 1e-6, 0.2),
+    "vit_debug": Case("moco_vit_debug", 16, 64, 64, 256, "adamw", 1.5e-4, 0.1, 0.2),
+    "resnet18_cifar": Case("tv_resnet18_cifar", 32, 16, 256, 4096, "lars", 0.3, 1e-6, 0.2),
 }
 WARMUP_FRACTION = 0.1
 
 
 def command_argv(case: Case, args: argparse.Namespace, run_dir: Path) -> list[str]:
     flags: dict[str, object] = {
-        "--arch": case.arch,
-        "--data": "digits",
+        "--model": case.arch,
+        "--data.kind": "digits",
         "--image-size": case.image_size,
-        "--train-subset": case.batch * args.steps,
+        "--data.train-limit": case.batch * args.steps,
         "--batch-size": case.batch,
         "--epochs": args.epochs,
         "--projection-dim": case.dim,
         "--mlp-hidden-dim": case.mlp_dim,
-        "--optimizer": case.optimizer,
-        "--base-learning-rate": case.base_lr,
-        "--weight-decay": case.weight_decay,
+        "--optim.name": case.optimizer,
+        "--optim.base-learning-rate": case.base_lr,
+        "--optim.weight-decay": case.weight_decay,
         "--temperature": case.temperature,
         "--crop-min": 0.2,
         "--blur": False,
         "--schedule.warmup-fraction": WARMUP_FRACTION,
         "--eval-every-epochs": 1000,  # the final evaluation still runs (untimed): keep it small
-        "--eval-subset": 256,
+        "--data.eval-limit": 256,
         "--knn-k": 20,
         "--device": "cpu",
         "--precision": "fp32",
@@ -129,10 +131,11 @@ def run_official(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         optimizer = LARS(params, lr, weight_decay=case.weight_decay, momentum=0.9)
     else:
         optimizer = torch.optim.AdamW(params, lr, weight_decay=case.weight_decay)
-    images, labels = load_train_images("digits", Path("unused"), case.image_size, 0)
     n = case.batch * args.steps
-    spec = ViewSpec(image_size=case.image_size, crop_min=0.2, blur=False, mean=HALF, std=HALF)
-    dataset = TensorTwoViews(images[:n], labels[:n], spec, seed=0)
+    spec = TwoViews(image_size=case.image_size, crop_min=0.2, blur=False, mean=HALF, std=HALF)
+    split = open_split(DataConfig(kind="digits", train_limit=n), "train", spec, seed=0)
+    assert split is not None
+    dataset = split.images
     loader = DataLoader(dataset, batch_size=case.batch, shuffle=True, drop_last=True, num_workers=0)
     total = args.epochs * args.steps
     warmup = WARMUP_FRACTION * args.epochs

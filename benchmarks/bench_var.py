@@ -16,7 +16,7 @@ architecture (random init), where the encoder is ~13 s of each step. Variants:
              L x L additive mask, F.normalize, per-sample lvl_embed lookup), per-token `F.cross_entropy` x 1/L, the
              argmax for its accuracy log, backward, clip 2.0 and a fused AdamW step (official afuse default True),
              betas (0.9, 0.95), weight decay 0.05.
-  command    THE NUMBER FOR USERS: the real `trainlab train var` run as a subprocess per round with `--dataset fake
+  command    THE NUMBER FOR USERS: the real `trainlab train var` run as a subprocess per round with `--data.kind fake
              --batch-size 8 --epochs 2` and the same tokenizer weights, re-encoding every batch (its default).
              Seconds per optimizer step = batch / the `images_per_second` of the `summary` row of its metrics.jsonl
              (the engine times the training loop only and excludes epoch 1). Everything the recipe and engine do per
@@ -57,7 +57,7 @@ from _env import environment, result_path, run_metrics, settings, write_result
 
 from trainlab.host_memory import configure_host_allocator
 from trainlab.models.var.blocks import MAX_LOG_SCALE_MUL, AdaLNSelfAttn, SelfAttention
-from trainlab.models.var.loading import export_official, load_tokenizer
+from trainlab.models.var.convert import export_official, load_tokenizer
 from trainlab.models.var.sample import filter_top_k_top_p_, generate
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
@@ -228,9 +228,9 @@ class TrainVarCommand:
             "--depth": depth,
             "--batch-size": BATCH,
             "--epochs": a.train_epochs,
-            "--dataset": "fake",
-            "--fake-num-images": a.train_images,
-            "--tokenizer": self.tokenizer,
+            "--data.kind": "fake",
+            "--data.fake-size": a.train_images,
+            "--tokenizer-weights": self.tokenizer,
             "--use-token-cache": cached,
         }
         if compiled:

@@ -38,9 +38,10 @@ from matplotlib.figure import Figure
 from torchvision.utils import make_grid
 
 from trainlab.data.digits import NUM_CLASSES, load_digits_dataset
-from trainlab.demo.judge import load_judge, predict
+from trainlab.evaluate.judge_accuracy import predict
+from trainlab.models.digit_judge import load_judge
+from trainlab.models.var.convert import load_official
 from trainlab.models.var.edit import edit_images, encode_tokens, kept_token_maps
-from trainlab.models.var.loading import load_official
 
 SIDE = 16
 
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--num-images", type=int, default=500, help="held-out digits (a multiple of 10)")
     parser.add_argument("--mask-rows", type=int, default=8, help="bottom pixel rows erased and regenerated")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one in-painting pass per seed")
-    parser.add_argument("--cfg", type=float, default=1.5, help="guidance scale (the demo's sampling default)")
+    parser.add_argument("--guidance", type=float, default=1.5, help="guidance scale (the demo's sampling default)")
     parser.add_argument("--top-k", type=int, default=900, help="top-k (900 > V = 256: no filtering, as the demo)")
     parser.add_argument("--top-p", type=float, default=0.96, help="nucleus mass (the sampler's default)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")

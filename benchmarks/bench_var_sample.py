@@ -104,8 +104,9 @@ def _env(threads: int) -> dict[str, str]:
 
 def run_trainlab(work: Path, threads: int, r: int) -> tuple[float, dict[str, float], list[torch.Tensor]]:
     tokens = work / f"trainlab_tokens_{r}.pt"
-    argv = [sys.executable, "-m", "trainlab", "sample", "--vae", str(work / "vae.pth"), "--var", str(work / "var.pth")]
-    argv += ["--classes", *map(str, CLASSES), "--seed", "0", "--cfg", "4", "--top-k", "900", "--top-p", "0.95"]
+    argv = [sys.executable, "-m", "trainlab", "sample", "--tokenizer-weights", str(work / "vae.pth")]
+    argv += ["--var-weights", str(work / "var.pth")]
+    argv += ["--classes", *map(str, CLASSES), "--seed", "0", "--guidance", "4", "--top-k", "900", "--top-p", "0.95"]
     argv += ["--batch-size", "8", "--device", "cpu", "--out", str(work / f"trainlab_{r}.png")]
     argv += ["--save-tokens", str(tokens)]
     t0 = time.perf_counter()
@@ -137,7 +138,7 @@ def run_official(
 
 
 def write_weights(work: Path) -> None:
-    from trainlab.models.var.loading import export_official
+    from trainlab.models.var.convert import export_official
     from trainlab.models.var.transformer import VAR, VARConfig
     from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainlab.engine.precision import LAB_PRECISIONS
+from trainlab.engine.precision_names import LAB_PRECISIONS
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
 

@@ -13,15 +13,9 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.transforms.v2 import functional as TF
 
-from trainlab.data.cifar import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    CifarAugmentDataset,
-    augment_params,
-    load_cifar10,
-    pad_crop_flip,
-)
+from trainlab.data.cifar import CIFAR10_MEAN, CIFAR10_STD, CifarAugmentDataset, load_cifar10
 from trainlab.data.fake_cifar import write_fake_cifar10
+from trainlab.data.transforms import pad_crop_flip, pad_crop_flip_draws
 from trainlab.errors import UsageError
 from trainlab.models.registry import create_model
 
@@ -81,7 +75,7 @@ def test_missing_root_is_a_usage_error(tmp_path: Path) -> None:
     message = str(info.value)
     assert message == (
         f"CIFAR-10 not found under {tmp_path / 'nowhere'} (expected {tmp_path / 'nowhere' / 'cifar-10-batches-py'}); "
-        "pass --download to fetch it, or --data-root to point at it"
+        "pass --data.download to fetch it, or --data.root to point at it"
     )
     assert "\n" not in message
 
@@ -90,7 +84,7 @@ def test_incomplete_and_corrupt_dataset_errors(tmp_path: Path) -> None:
     root = write_fake_cifar10(tmp_path, num_train=20, num_test=10)
     folder = root / "cifar-10-batches-py"
     (folder / "data_batch_3").write_bytes((folder / "data_batch_3").read_bytes()[:100])  # truncated
-    with pytest.raises(UsageError, match=r"data_batch_3 is corrupt or unreadable .*--download"):
+    with pytest.raises(UsageError, match=r"data_batch_3 is corrupt or unreadable .*--data.download"):
         load_cifar10(root, train=True)
     (folder / "data_batch_3").unlink()
     with pytest.raises(UsageError, match=r"incomplete \(missing data_batch_3"):
@@ -120,15 +114,15 @@ def test_checksum_verification_rejects_fake_data(fake_root: Path) -> None:
         load_cifar10(fake_root, train=True, verify_checksums=True)
 
 
-def test_augment_params_are_a_pure_function() -> None:
-    assert augment_params(0, 3, 17) == augment_params(0, 3, 17)
-    draws = [augment_params(0, epoch, index) for epoch in range(4) for index in range(200)]
+def test_pad_crop_flip_draws_are_a_pure_function() -> None:
+    assert pad_crop_flip_draws(0, 3, 17) == pad_crop_flip_draws(0, 3, 17)
+    draws = [pad_crop_flip_draws(0, epoch, index) for epoch in range(4) for index in range(200)]
     tops, lefts, flips = zip(*draws)
     assert set(tops) == set(range(9)) and set(lefts) == set(range(9))
     assert 0.4 < np.mean(flips) < 0.6
     # different epochs / indices / seeds give different draws (most of the time: 162 outcomes)
-    assert sum(augment_params(0, 0, i) != augment_params(0, 1, i) for i in range(100)) > 90
-    assert sum(augment_params(0, 0, i) != augment_params(1, 0, i) for i in range(100)) > 90
+    assert sum(pad_crop_flip_draws(0, 0, i) != pad_crop_flip_draws(0, 1, i) for i in range(100)) > 90
+    assert sum(pad_crop_flip_draws(0, 0, i) != pad_crop_flip_draws(1, 0, i) for i in range(100)) > 90
 
 
 def test_pad_crop_flip_matches_torchvision() -> None:
@@ -202,7 +196,7 @@ def test_fake_data_is_learnable(fake_root: Path) -> None:
     raw_train, raw_test = load_cifar10(fake_root, train=True), load_cifar10(fake_root, train=False)
     train = CifarAugmentDataset.from_cifar10(raw_train, augment=True, seed=0)
     test = CifarAugmentDataset.from_cifar10(raw_test, augment=False)
-    model = create_model("vgg_debug")
+    model = create_model("cifar_vgg_debug")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(4):
         train.set_epoch(epoch)

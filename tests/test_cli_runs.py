@@ -3,6 +3,7 @@ last metrics and the command that resumes it; a table and --json."""
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import json
 import os
@@ -15,6 +16,7 @@ import torch
 
 from trainlab.cli import main
 from trainlab.commands.runs import find_run_dirs, resume_command, run_state
+from trainlab.engine.checkpoint_fields import TorchObject, UnreadableCheckpoint, read_fields
 
 
 def _run_dir(
@@ -134,3 +136,43 @@ def test_a_real_toy_run_is_listed_finished(tmp_path: Path, capsys: pytest.Captur
     state = run_state(run_dir)
     assert (state.recipe, state.status, state.step) == ("toy", "finished", state.total_steps)
     assert state.step and state.loss is not None and "accuracy" in state.eval
+    assert state.eval_metric == "accuracy" and state.checkpoint_step == state.step
+
+
+# ------------------------------------------------------------------------------- checkpoint fields without torch
+def test_checkpoint_fields_read_without_torch_equal_torch_load(tmp_path: Path) -> None:
+    weights = collections.OrderedDict(w=torch.nn.Parameter(torch.randn(3, 2)), b=torch.zeros(2, dtype=torch.float16))
+    state = {"format": "trainlab-checkpoint", "recipe": "var", "step": 7, "epoch": 1, "step_in_epoch": 3}
+    state |= {"best_score": -1.25, "config": {"patch_nums": [1, 2], "tokenizer_weights": "t.pth", "lr": 1e-4}}
+    state |= {"models": {"var": weights}, "rng": {"python": (3, (1, 2, 3), None), "torch": torch.get_rng_state()}}
+    state |= {"dtype": torch.bfloat16, "names": {"a", "b"}, "blob": b"\x00\xff"}
+    path = tmp_path / "last.pt"
+    torch.save(state, path)
+    keys = ("recipe", "step", "epoch", "step_in_epoch", "best_score", "config", "names", "blob", "missing")
+    fields = read_fields(path, keys)
+    loaded = torch.load(path, weights_only=True)
+    assert fields == {k: loaded[k] for k in keys if k in loaded}
+    assert isinstance(read_fields(path, ["models"])["models"]["var"]["w"], TorchObject)  # never read
+
+
+def test_checkpoint_fields_refuse_damaged_and_foreign_files(tmp_path: Path) -> None:
+    good = tmp_path / "good.pt"
+    torch.save({"step": 1, "w": torch.zeros(1000)}, good)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(good.read_bytes()[:300])
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint")
+    for path in (cut, text):
+        with pytest.raises(UnreadableCheckpoint, match=str(path)):
+            read_fields(path, ["step"])
+    evil = tmp_path / "evil.pt"
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"step": Payload()}, evil)  # torch.save pickles whatever it is given
+    with pytest.raises(UnreadableCheckpoint, match="has no place in a checkpoint"):
+        read_fields(evil, ["step"])
+    assert not marker.exists()

@@ -28,12 +28,12 @@ from trainlab.cli import main
 from trainlab.engine.loop import FitResult
 from trainlab.errors import UsageError, check_output_path, first_line
 from trainlab.models.moco import MoCo, load_official, official_checkpoint
-from trainlab.models.var.loading import export_official
-from trainlab.models.var.loading import load_official as load_var_pair
+from trainlab.models.var.convert import export_official
+from trainlab.models.var.convert import load_official as load_var_pair
 from trainlab.models.var.sample import generate
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
-from trainlab.recipes.linear_probe import LinearProbeConfig, resolve_eval_data
+from trainlab.recipes.linear_probe import LinearProbeConfig, ProbeData, resolve_eval_data
 from trainlab.user_files import check_state_dict, load_user_file
 
 # Shape legend: B images, l tokens of one scale, V vocab.
@@ -177,7 +177,8 @@ def test_malformed_var_and_vqvae_weights_are_one_line_naming_file_and_key(
     suffix = ".safetensors" if case == "int-dtype" else ".pth"
     bad = _mutated(var if which == "var" else vae, tmp_path / f"{case}{suffix}", mutate)
     vae, var = (vae, bad) if which == "var" else (bad, var)
-    argv = ["sample", "--vae", str(vae), "--var", str(var), "--classes", "1", "2", "--device", "cpu"]
+    argv = ["sample", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--classes", "1", "2"]
+    argv += ["--device", "cpu"]
     assert main([*argv, "--out", str(tmp_path / "grid.png")]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert str(bad) in line and re.search(pattern, line), line
@@ -190,8 +191,8 @@ def test_edit_refuses_nan_weights_in_one_line(
     vae, var = var_pair
     bad = _mutated(var, tmp_path / "nan.pth", _set("blocks.0.attn.proj.weight", _nan_at))
     Image.new("RGB", (16, 16), "white").save(tmp_path / "img.png")
-    argv = ["edit", "--vae", str(vae), "--var", str(bad), "--image", str(tmp_path / "img.png"), "--box", "0", "8"]
-    argv += ["16", "16", "--n", "1", "--out", str(tmp_path / "e.png"), "--device", "cpu"]
+    argv = ["edit", "--tokenizer-weights", str(vae), "--var-weights", str(bad), "--image", str(tmp_path / "img.png")]
+    argv += ["--box", "0", "8", "16", "16", "--num-results", "1", "--out", str(tmp_path / "e.png"), "--device", "cpu"]
     assert main(argv) == 2
     assert "blocks.0.attn.proj.weight holds 1 NaN" in _one_error_line(capsys.readouterr().err)
 
@@ -216,8 +217,8 @@ def test_out_dir_rerun_regenerates_damaged_pngs_and_refuses_foreign_ones(
 ) -> None:
     vae, var = var_pair
     out = tmp_path / "samples"
-    argv = ["sample", "--vae", str(vae), "--var", str(var), "--classes", "1", "2", "3", "--n-per-class", "2"]
-    argv += ["--batch-size", "2", "--out-dir", str(out), "--device", "cpu"]
+    argv = ["sample", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--classes", "1", "2", "3"]
+    argv += ["--samples-per-class", "2", "--batch-size", "2", "--out-dir", str(out), "--device", "cpu"]
     assert main(argv) == 0
     first = np.load(out / "samples.npz")["arr_0"]
     pngs = sorted(out.glob("*.png"))
@@ -242,8 +243,8 @@ def test_outputs_that_cannot_fit_are_refused_before_sampling(
 ) -> None:
     """10^8 images per class: the labels alone would exhaust memory; the .npz could never fit on the disk."""
     vae, var = var_pair
-    base = ["sample", "--vae", str(vae), "--var", str(var), "--classes", "all", "--n-per-class", "100000000"]
-    base += ["--device", "cpu"]
+    base = ["sample", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--classes", "all"]
+    base += ["--samples-per-class", "100000000", "--device", "cpu"]
     assert main([*base, "--out-dir", str(tmp_path / "huge")]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "100000000000 images of 16x16 make a" in line and "GiB samples.npz but only" in line
@@ -253,7 +254,7 @@ def test_outputs_that_cannot_fit_are_refused_before_sampling(
 
 # ------------------------------------------------------------------------------------------------ digit judge
 def _judge_file(tmp_path: Path, name: str, *, meta: dict[str, str] | None = None, nan: bool = False) -> Path:
-    from trainlab.demo.judge import DigitJudge, save_judge
+    from trainlab.models.digit_judge import DigitJudge, save_judge
 
     base = tmp_path / "judge.safetensors"
     if not base.is_file():
@@ -283,7 +284,7 @@ def test_damaged_judge_files_are_one_line(
     meta: dict[str, str] | None, nan: bool, pattern: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     judge = _judge_file(tmp_path, "bad.safetensors", meta=meta, nan=nan)
-    assert main(["eval", "judge", "--samples", str(tmp_path), "--judge", str(judge)]) == 2
+    assert main(["eval", "judge", "--samples", str(tmp_path), "--judge-weights", str(judge)]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert f"judge file {judge}" in line and pattern in line, line
 
@@ -295,7 +296,7 @@ def _moco(arch: str, image_size: int = 16) -> MoCo:
 
 
 def test_moco_without_predictor_or_with_nan_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ckpt = official_checkpoint(_moco("resnet_debug"), epoch=1)
+    ckpt = official_checkpoint(_moco("tv_resnet_debug"), epoch=1)
     no_predictor = {k: v for k, v in ckpt["state_dict"].items() if ".predictor." not in k}
     torch.save({**ckpt, "state_dict": no_predictor}, tmp_path / "nopred.pth.tar")
     nan = {k: v.clone() for k, v in ckpt["state_dict"].items()}
@@ -303,14 +304,14 @@ def test_moco_without_predictor_or_with_nan_is_one_line(tmp_path: Path, capsys: 
     torch.save({**ckpt, "state_dict": nan}, tmp_path / "nan.pth.tar")
     for name, pattern in (("nopred", "lacks predictor.0.weight"), ("nan", "layer1.0.conv1.weight holds")):
         path = tmp_path / f"{name}.pth.tar"
-        assert main(["eval", "knn", "--checkpoint", str(path), "--subset", "32", "--k", "5"]) == 2
+        assert main(["eval", "knn", "--moco-weights", str(path), "--data.eval-limit", "32", "--k", "5"]) == 2
         line = _one_error_line(capsys.readouterr().err)
         assert str(path) in line and pattern in line, line
 
 
 def test_load_official_keeps_a_vit_patch_projection_frozen_on_request(tmp_path: Path) -> None:
-    torch.save(official_checkpoint(_moco("vit_debug"), epoch=3), tmp_path / "vit.pth.tar")
-    torch.save(official_checkpoint(_moco("resnet_debug"), epoch=3), tmp_path / "r.pth.tar")
+    torch.save(official_checkpoint(_moco("moco_vit_debug"), epoch=3), tmp_path / "vit.pth.tar")
+    torch.save(official_checkpoint(_moco("tv_resnet_debug"), epoch=3), tmp_path / "r.pth.tar")
     free = load_official(tmp_path / "vit.pth.tar", temperature=0.2)
     frozen = load_official(tmp_path / "vit.pth.tar", temperature=0.2, stop_grad_conv1=True)
     proj, fc1 = "base_encoder.patch_embed.proj", "base_encoder.blocks.0.mlp.fc1.weight"
@@ -330,45 +331,58 @@ def test_load_official_keeps_a_vit_patch_projection_frozen_on_request(tmp_path: 
 
 
 # ------------------------------------------------------------------------------------------------ eval data
-def _trainlab_moco(tmp_path: Path, *, image_size: int, data: str = "digits") -> Path:
-    model = _moco("resnet_debug")
-    config = {"arch": "resnet_debug", "data": data, "image_size": image_size, "data_root": str(tmp_path / "root")}
+def _trainlab_moco(tmp_path: Path, *, image_size: int, data: str = "digits", flat: bool = False) -> Path:
+    """A trainlab MoCo checkpoint; `flat`: its config as runs recorded it before the data group (and the registry)."""
+    model = _moco("tv_resnet_debug")
+    root = str(tmp_path / "root")
+    group = {"data": data, "data_root": root} if flat else {"data": {"kind": data, "root": root}}
+    backbone = {"arch": "resnet_debug"} if flat else {"model": "tv_resnet_debug"}
+    config = {**backbone, "image_size": image_size, **group}
     ckpt = {"format": "trainlab-checkpoint", "recipe": "moco", "models": {"moco": model.state_dict()}, "config": config}
-    path = tmp_path / f"moco_{data}_{image_size}.pt"
+    path = tmp_path / f"moco_{data}_{image_size}{'_flat' if flat else ''}.pt"
     torch.save(ckpt, path)
     return path
 
 
-def test_eval_data_comes_from_the_checkpoint_unless_given(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    ckpt = str(_trainlab_moco(tmp_path, image_size=32))
-    assert resolve_eval_data("", None, None, None) == (resolve_eval_data("", "digits", 16, Path("data/cifar10")))
-    found = resolve_eval_data(ckpt, None, None, None)
-    assert (found.data, found.image_size) == ("digits", 32)
+def _resolve(checkpoint: str, kind: str | None = None, image_size: int | None = None) -> tuple[ProbeData, int]:
+    return resolve_eval_data(checkpoint, ProbeData(kind=kind), image_size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_eval_data_comes_from_the_checkpoint_unless_given(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, flat: bool
+) -> None:
+    ckpt = str(_trainlab_moco(tmp_path, image_size=32, flat=flat))
+    assert _resolve("") == resolve_eval_data("", ProbeData(kind="digits", root=Path("data/cifar10")), 16)
+    found, side = _resolve(ckpt)
+    assert (found.kind, side) == ("digits", 32)
     with caplog.at_level("WARNING"):
-        asked = resolve_eval_data(ckpt, None, 16, None)
-    assert asked.image_size == 16  # a different side is used, and said
+        _, asked = _resolve(ckpt, image_size=16)
+    assert asked == 16  # a different side is used, and said
     assert any(
-        "pretrained with image_size 32; evaluating with --image-size 16" in r.getMessage() for r in caplog.records
+        "pretrained with --image-size 32; evaluating with --image-size 16" in r.getMessage() for r in caplog.records
     )
-    cifar = str(_trainlab_moco(tmp_path, image_size=32, data="cifar10"))
-    assert resolve_eval_data(cifar, None, None, None).data_root == tmp_path / "root"
-    assert resolve_eval_data(cifar, "digits", None, None).data_root == Path("data/cifar10")  # not cifar's root
-    torch.save(official_checkpoint(_moco("vit_debug", image_size=16), epoch=1), tmp_path / "vit.pth.tar")
-    assert resolve_eval_data(str(tmp_path / "vit.pth.tar"), None, None, None).image_size == 16
+    cifar = str(_trainlab_moco(tmp_path, image_size=32, data="cifar10", flat=flat))
+    assert _resolve(cifar)[0].root == tmp_path / "root"
+    assert _resolve(cifar, kind="digits")[0].root == Path("data/cifar10")  # not cifar's root
+    torch.save(official_checkpoint(_moco("moco_vit_debug", image_size=16), epoch=1), tmp_path / "vit.pth.tar")
+    assert _resolve(str(tmp_path / "vit.pth.tar"))[1] == 16
     with pytest.raises(UsageError, match="position table is for 16 px inputs"):
-        resolve_eval_data(str(tmp_path / "vit.pth.tar"), None, 32, None)
+        _resolve(str(tmp_path / "vit.pth.tar"), image_size=32)
 
 
 def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainlab.data.config import DataConfig
+    from trainlab.data.sources import eval_images
     from trainlab.recipes.linear_probe import load_backbone
-    from trainlab.recipes.moco import knn_of_features, load_eval_images
+    from trainlab.recipes.moco import knn_of_features
 
     ckpt = _trainlab_moco(tmp_path, image_size=32)
-    assert main(["eval", "knn", "--checkpoint", str(ckpt), "--subset", "64", "--k", "5"]) == 0
+    assert main(["eval", "knn", "--moco-weights", str(ckpt), "--data.eval-limit", "64", "--k", "5"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (printed["data"], printed["image_size"]) == ("digits", 32)
-    model, _ = load_backbone(str(ckpt), "resnet_debug", 32)
-    images = load_eval_images("digits", Path("unused"), 32, 0, 64)
+    model, _ = load_backbone(str(ckpt), "tv_resnet_debug", 32)
+    images = eval_images(DataConfig(kind="digits", eval_limit=64), 32)
     expected = knn_of_features(model.eval().features, images, device=torch.device("cpu"), batch_size=256, k=5,
                                temperature=0.1)  # fmt: skip
     assert printed["knn_accuracy"] == expected
@@ -376,8 +390,9 @@ def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest
 
 # ------------------------------------------------------------------------------------------------ linear probe
 def _probe_args(run: Path, *extra: str) -> list[str]:
-    args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--run-dir", str(run)]
-    return [*args, "--eval-subset", "64", "--batch-size", "16", "--tensorboard", "false", "--progress", "false", *extra]
+    args = ["eval", "linear-probe", "--moco-weights", "", "--model", "tv_resnet_debug", "--run-dir", str(run)]
+    args += ["--data.train-limit", "64", "--data.eval-limit", "64", "--batch-size", "16"]
+    return [*args, "--tensorboard", "false", "--progress", "false", *extra]
 
 
 def test_linear_probe_without_an_evaluation_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -425,8 +440,8 @@ def test_linear_probe_config_resolves_data_from_the_checkpoint(tmp_path: Path) -
     from trainlab.recipes.linear_probe import LinearProbeRecipe
 
     ckpt = _trainlab_moco(tmp_path, image_size=32)
-    recipe = LinearProbeRecipe(dataclasses.replace(LinearProbeConfig(), checkpoint=str(ckpt), run_dir=tmp_path))
-    assert (recipe.config.data, recipe.config.image_size) == ("digits", 32)
+    recipe = LinearProbeRecipe(dataclasses.replace(LinearProbeConfig(), moco_weights=str(ckpt), run_dir=tmp_path))
+    assert (recipe.config.data.kind, recipe.config.image_size) == ("digits", 32)
     assert recipe.example_batch(2)["image"].shape == (2, 3, 32, 32)
 
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainlab.data.augment import EpochCounter, augment_draws, decide_flip, draw_words, mixed_radix_digits
-from trainlab.data.cifar import augment_params
+from trainlab.data.transforms import pad_crop_flip_draws
 
 
 def _reference_words(seed: int, epoch: int, index: int, num_words: int) -> tuple[int, ...]:
@@ -26,9 +26,9 @@ def test_draws_are_pinned() -> None:
     assert draw_words(0, 0, 0, num_words=1) == (2891389769238885931,)
     assert draw_words(7, 3, 17, num_words=1) == (17114712969277745315,)
     # CIFAR's crop offsets and flip come from the 1-word draw (top, left in [0, 8], flip)
-    assert augment_params(0, 0, 0) == (1, 0, False)
-    assert augment_params(7, 3, 17) == (8, 1, False)
-    assert augment_params(7, 3, 18) == (3, 8, True)
+    assert pad_crop_flip_draws(0, 0, 0) == (1, 0, False)
+    assert pad_crop_flip_draws(7, 3, 17) == (8, 1, False)
+    assert pad_crop_flip_draws(7, 3, 18) == (3, 8, True)
 
 
 @pytest.mark.parametrize("num_words", [1, 2, 4])

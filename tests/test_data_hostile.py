@@ -33,8 +33,9 @@ from trainlab.data.image_folder import (
     scan_image_folder,
 )
 from trainlab.data.images import MAX_IMAGE_PIXELS, UnreadableImage, read_image, read_image_size
-from trainlab.data.probe_views import ProbeFolder
-from trainlab.data.ssl_views import FolderTwoViews, ViewSpec
+from trainlab.data.resized_crops import ResizedCropFolder
+from trainlab.data.ssl_views import FolderTwoViews
+from trainlab.data.transforms import TwoViews
 from trainlab.engine.data import StepBatchSampler, build_loader
 from trainlab.errors import UsageError
 from trainlab.evaluate.image_sets import read_image_set
@@ -255,7 +256,7 @@ def damaged(tmp_path: Path) -> Path:
 
 
 def test_moco_skips_and_counts_corrupt_images_and_bombs(damaged: Path, caplog: pytest.LogCaptureFixture) -> None:
-    views = FolderTwoViews(damaged / "train", ViewSpec(image_size=8, blur=False), seed=0)
+    views = FolderTwoViews(damaged / "train", TwoViews(image_size=8, blur=False), seed=0)
     assert [rel for rel, _ in views.index.files][2:5] == ["c0/bad.jpg", "c1/0.png", "c1/2.png"]
     with caplog.at_level(logging.WARNING):
         samples = [views[i] for i in range(len(views))]
@@ -271,7 +272,7 @@ def test_moco_skips_and_counts_corrupt_images_and_bombs(damaged: Path, caplog: p
 def test_the_linear_probe_and_var_folders_skip_the_same_files(damaged: Path) -> None:
     norm = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
     for data in (
-        ProbeFolder(damaged / "train", image_size=8, train=True, **norm),
+        ResizedCropFolder(damaged / "train", image_size=8, train=True, **norm),
         ImageFolderDataset(damaged / "train", image_size=8, train=True),
     ):
         labels = [int(data[i]["label"]) for i in range(len(data))]
@@ -289,7 +290,7 @@ def test_a_folder_without_one_readable_image_is_one_line(tmp_path: Path) -> None
     root = _unreadable_folder(tmp_path / "bad")
     for data in (
         ImageFolderDataset(root, image_size=8, train=False),
-        FolderTwoViews(root, ViewSpec(image_size=8), seed=0),
+        FolderTwoViews(root, TwoViews(image_size=8), seed=0),
     ):
         with pytest.raises(DataError) as info:
             data[3]
@@ -330,7 +331,7 @@ def test_an_error_inside_a_loader_worker_is_the_same_one_line(tmp_path: Path, wo
     messages = []
     for data in (
         ImageFolderDataset(root, image_size=8, train=False),
-        FolderTwoViews(root, ViewSpec(image_size=8), seed=0),
+        FolderTwoViews(root, TwoViews(image_size=8), seed=0),
     ):
         sampler = StepBatchSampler(len(data), batch_size=5, accumulation=1, rank=0, world=1, seed=0, shuffle=False)
         err = _first_batch_error(build_loader(data, sampler, num_workers=workers, seed=0, pin_memory=False))
@@ -354,9 +355,9 @@ def test_all_corrupt_images_with_two_workers_is_one_line_from_the_cli(
     root = tmp_path / "data"
     for split in ("train", "val"):
         _unreadable_folder(root / split, n=8)
-    argv = ["train", "moco", "--arch", "resnet_debug", "--data", "image-folder", "--image-size", "16"]
-    argv += ["--batch-size", "4", "--epochs", "1", "--device", "cpu", "--eval-subset", "4", "--knn-k", "3"]
-    argv += ["--data-root", str(root), "--run-dir", str(tmp_path / "run"), "--num-workers", "2", "--progress", "false"]
+    argv = ["train", "moco", "--model", "tv_resnet_debug", "--data.kind", "image-folder", "--image-size", "16"]
+    argv += ["--batch-size", "4", "--epochs", "1", "--device", "cpu", "--data.eval-limit", "4", "--knn-k", "3"]
+    argv += ["--data.root", str(root), "--run-dir", str(tmp_path / "run"), "--num-workers", "2", "--progress", "false"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if ": error: " in line]
@@ -369,13 +370,14 @@ def test_all_corrupt_images_with_two_workers_is_one_line_from_the_cli(
 def test_eval_judge_on_a_folder_with_a_bomb_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trainlab.demo.judge import DigitJudge, save_judge
+    from trainlab.models.digit_judge import DigitJudge, save_judge
 
     save_judge(DigitJudge(resolution=16, width=4, feature_dim=8), tmp_path / "judge.safetensors")
     samples = tmp_path / "samples"
     _png(samples / "000000_c0001.png", seed=0, size=(16, 16))
     bomb = _png_header(samples / "000001_c0002.png", 20000, 20000)
-    assert main(["eval", "judge", "--samples", str(samples), "--judge", str(tmp_path / "judge.safetensors")]) == 2
+    judge = ["--judge-weights", str(tmp_path / "judge.safetensors")]
+    assert main(["eval", "judge", "--samples", str(samples), *judge]) == 2
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if ": error: " in line]
     assert "Traceback" not in err
@@ -387,7 +389,7 @@ def test_eval_judge_on_a_folder_with_a_bomb_is_one_line_exit_2(
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from trainlab.models.var.loading import export_official
+    from trainlab.models.var.convert import export_official
     from trainlab.models.var.transformer import VAR, VARConfig
     from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
@@ -406,7 +408,7 @@ def test_edit_with_a_bomb_is_one_line_exit_2(
     image = _png(tmp_path / "in.png", seed=0)
     bomb = _png_header(tmp_path / "bomb.png", 20000, 20000)
     files = {"--image": image, "--mask": image} | {flag: bomb}
-    argv = ["edit", "--vae", str(weights["vae"]), "--var", str(weights["var"]), "--device", "cpu"]
+    argv = ["edit", "--tokenizer-weights", str(weights["vae"]), "--var-weights", str(weights["var"]), "--device", "cpu"]
     argv += ["--image", str(files["--image"]), "--mask", str(files["--mask"]), "--out", str(tmp_path / "out.png")]
     assert main(argv) == 2
     err = capsys.readouterr().err

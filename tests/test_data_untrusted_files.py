@@ -212,22 +212,34 @@ def test_a_file_asking_for_another_codec_is_refused(cifar: Path) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["train", "cifar", "--model", "vgg_debug", "--batch-size", "4", "--epochs", "1", "--device", "cpu", "RUN"],
+        [
+            "train",
+            "cifar",
+            "--model",
+            "cifar_vgg_debug",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "RUN",
+        ],
         [
             "train",
             "moco",
-            "--data",
+            "--data.kind",
             "cifar10",
-            "--arch",
-            "resnet_debug",
+            "--model",
+            "tv_resnet_debug",
             "--image-size",
             "16",
             "--device",
             "cpu",
             "RUN",
         ],
-        ["eval", "knn", "--data", "cifar10", "--features", "pixels", "--image-size", "32"],
-        ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--data", "cifar10", "RUN"],
+        ["eval", "knn", "--data.kind", "cifar10", "--features", "pixels", "--image-size", "32"],
+        ["eval", "linear-probe", "--moco-weights", "", "--model", "tv_resnet_debug", "--data.kind", "cifar10", "RUN"],
     ],
     ids=["train-cifar", "train-moco", "eval-knn", "eval-linear-probe"],
 )
@@ -238,7 +250,7 @@ def test_every_command_reading_cifar_refuses_a_poisoned_batch(
     _write(cifar, "data_batch_1", {**_batch(cifar, "data_batch_1"), "extra": _payloads(marker)["os.system"]})
     _write(cifar, "test_batch", {**_batch(cifar, "test_batch"), "extra": _payloads(marker)["exec"]})
     argv = [part for arg in argv for part in (["--run-dir", str(tmp_path / "run")] if arg == "RUN" else [arg])]
-    code = main([*argv, "--data-root", str(cifar.parent)])
+    code = main([*argv, "--data.root", str(cifar.parent)])
     err = capsys.readouterr().err
     assert code == 2 and not marker.exists()
     errors = [line for line in err.splitlines() if ": error: " in line]
@@ -320,12 +332,12 @@ def test_a_malformed_npz_is_one_line_naming_the_file(
 def test_eval_judge_on_a_poisoned_npz_is_one_line_exit_2(
     tmp_path: Path, payload: tuple[_Payload, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trainlab.demo.judge import DigitJudge, save_judge
+    from trainlab.models.digit_judge import DigitJudge, save_judge
 
     live, marker = payload
     save_judge(DigitJudge(resolution=8, width=4, feature_dim=8), tmp_path / "judge.safetensors")
     path = _npz(tmp_path / "evil.npz", True, arr_0=np.array([live], dtype=object))
-    assert main(["eval", "judge", "--samples", str(path), "--judge", str(tmp_path / "judge.safetensors")]) == 2
+    assert main(["eval", "judge", "--samples", str(path), "--judge-weights", str(tmp_path / "judge.safetensors")]) == 2
     err = capsys.readouterr().err
     assert not marker.exists() and "Traceback" not in err
     (line,) = [line for line in err.splitlines() if ": error: " in line]

@@ -49,8 +49,8 @@ def test_quick_demo_writes_report_and_figures_then_continues_finished_stages(
     assert "conditional accuracy" in done.stdout
 
     grid = tmp_path / "grid.png"  # the run checkpoints load straight into `trainlab sample`
-    sample = [python, "-m", "trainlab", "sample", "--vae", str(run_dir / "tokenizer/ckpt/last.pt")]
-    sample += ["--var", str(run_dir / "var/ckpt/last.pt"), "--classes", "0", "7", "--out", str(grid)]
+    sample = [python, "-m", "trainlab", "sample", "--tokenizer-weights", str(run_dir / "tokenizer/ckpt/last.pt")]
+    sample += ["--var-weights", str(run_dir / "var/ckpt/last.pt"), "--classes", "0", "7", "--out", str(grid)]
     sampled = subprocess.run(sample, env=run_env, capture_output=True, text=True, timeout=300)
     assert sampled.returncode == 0, sampled.stderr[-2000:]
     assert grid.stat().st_size > 100
@@ -89,8 +89,8 @@ def test_interrupted_stage_exits_130_with_a_resume_hint(
     """SIGTERM / Ctrl-C inside a stage: the engine saved last.pt; the demo stops there and says how to continue."""
     import trainlab.demo.pipeline as demo_module
     from trainlab.commands.demo import main
-    from trainlab.demo.judge import DigitJudge
     from trainlab.engine.loop import FitResult, Trainer
+    from trainlab.models.digit_judge import DigitJudge
 
     monkeypatch.setattr(demo_module, "_judge", lambda demo, device: DigitJudge().eval())
     monkeypatch.setattr(Trainer, "fit", lambda self: FitResult("interrupted", 5, 0, [], {}))

@@ -1,4 +1,4 @@
-"""`trainlab eval linear-probe --data image_folder` on a tiny ImageNet-layout folder written to tmp_path: the run
+"""`trainlab eval linear-probe --data.kind image-folder` on a tiny ImageNet-layout folder written to tmp_path: the run
 prints its final-epoch accuracy; the train views (RandomResizedCrop + flip) are a pure function of (seed, epoch,
 index); the eval transform is the official Resize(S * 256/224) + CenterCrop(S); the backbone never changes."""
 
@@ -15,11 +15,10 @@ import torchvision.transforms.v2 as T
 from PIL import Image
 
 from trainlab.cli import main
-from trainlab.data.probe_views import ProbeFolder, ProbeTensorViews, probe_eval_view, probe_train_view
-from trainlab.data.ssl_views import IMAGENET_MEAN, IMAGENET_STD
+from trainlab.data.resized_crops import ResizedCropFolder, ResizedCropTensors
+from trainlab.data.transforms import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_flip, resize_center_crop
 from trainlab.engine.loop import Trainer
-from trainlab.recipes.linear_probe import LinearProbeConfig, LinearProbeRecipe
-from trainlab.recipes.moco import EvalImages
+from trainlab.recipes.linear_probe import LinearProbeConfig, LinearProbeRecipe, ProbeData
 
 CLASSES = ("ant", "bee", "cat")
 NORM = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
@@ -54,8 +53,8 @@ def test_linear_probe_on_an_image_folder_prints_the_final_accuracy(
     tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "lp"
-    args = ["eval", "linear-probe", "--checkpoint", "", "--arch", "resnet_debug", "--data", "image-folder"]
-    args += ["--data-root", str(folder), "--image-size", "32", "--epochs", "2", "--batch-size", "4"]
+    args = ["eval", "linear-probe", "--moco-weights", "", "--model", "tv_resnet_debug", "--data.kind", "image-folder"]
+    args += ["--data.root", str(folder), "--image-size", "32", "--epochs", "2", "--batch-size", "4"]
     args += ["--run-dir", str(run), "--tensorboard", "false", "--progress", "false", "--eval-every-epochs", "1"]
     assert main(args) == 0
     printed = _json_line(capsys.readouterr().out)
@@ -70,10 +69,8 @@ def test_linear_probe_on_an_image_folder_prints_the_final_accuracy(
 def test_folder_probe_has_one_output_per_class_and_leaves_the_backbone_unchanged(tmp_path: Path, folder: Path) -> None:
     cfg = dataclasses.replace(
         LinearProbeRecipe(LinearProbeConfig()).debug_config(),
-        data="image-folder",
-        data_root=folder,
+        data=ProbeData(kind="image-folder", root=folder),
         image_size=32,
-        eval_subset=0,
         batch_size=4,
         run_dir=tmp_path / "lp",
         tensorboard=False,
@@ -95,7 +92,7 @@ def test_folder_probe_has_one_output_per_class_and_leaves_the_backbone_unchanged
 
 def test_train_views_are_a_pure_function_of_seed_epoch_index(folder: Path) -> None:
     def view(seed: int, epoch: int, index: int) -> torch.Tensor:
-        ds = ProbeFolder(folder / "train", image_size=32, train=True, seed=seed, **NORM)  # a fresh dataset each time
+        ds = ResizedCropFolder(folder / "train", image_size=32, train=True, seed=seed, **NORM)  # fresh each time
         ds.set_epoch(epoch)
         return ds[index]["image"]
 
@@ -106,13 +103,13 @@ def test_train_views_are_a_pure_function_of_seed_epoch_index(folder: Path) -> No
     assert not torch.equal(first, view(1, 3, 5))  # another seed
     # the dataset's view is the pure function applied to the decoded image
     img = torch.from_numpy(np.array(Image.open(sorted((folder / "train" / "bee").iterdir())[1]))).permute(2, 0, 1)
-    assert torch.equal(first, probe_train_view(img, 32, seed=0, epoch=3, index=5, **NORM))
+    assert torch.equal(first, random_resized_crop_flip(img, 32, seed=0, epoch=3, index=5, **NORM))
 
     images = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
-    views = ProbeTensorViews(images, torch.arange(6), image_size=32, seed=0, **NORM)  # CIFAR-10 in memory
+    views = ResizedCropTensors(images, torch.arange(6), image_size=32, seed=0, **NORM)  # CIFAR-10 in memory
     views.set_epoch(2)
     a = views[4]["image"]
-    assert torch.equal(a, probe_train_view(images[4], 32, seed=0, epoch=2, index=4, **NORM))
+    assert torch.equal(a, random_resized_crop_flip(images[4], 32, seed=0, epoch=2, index=4, **NORM))
     views.set_epoch(3)
     assert not torch.equal(a, views[4]["image"])
 
@@ -120,9 +117,9 @@ def test_train_views_are_a_pure_function_of_seed_epoch_index(folder: Path) -> No
 def test_eval_transform_is_the_official_resize_and_center_crop(folder: Path) -> None:
     official = T.Compose([T.Resize(256, antialias=True), T.CenterCrop(224), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     big = torch.rand(3, 300, 400)
-    assert torch.allclose(probe_eval_view(big, 224, **NORM), official(big), atol=1e-6)
+    assert torch.allclose(resize_center_crop(big, 224, **NORM), official(big), atol=1e-6)
 
-    val = ProbeFolder(folder / "val", image_size=32, train=False, **NORM)
+    val = ResizedCropFolder(folder / "val", image_size=32, train=False, **NORM)
     path = folder / "val" / "cat" / "1.png"
     img = torch.from_numpy(np.array(Image.open(path))).permute(2, 0, 1)
     at_32 = T.Compose([T.ToDtype(torch.float32, scale=True), T.Resize(37, antialias=True), T.CenterCrop(32)])
@@ -139,26 +136,29 @@ def test_mismatched_class_folders_are_one_line(
     tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _write_png(folder / "val" / "dog" / "0.png", np.random.default_rng(1), 0)
-    args = ["eval", "linear-probe", "--checkpoint", "", "--data", "image-folder", "--data-root", str(folder)]
+    args = ["eval", "linear-probe", "--moco-weights", "", "--data.kind", "image-folder", "--data.root", str(folder)]
     assert main([*args, "--image-size", "32", "--run-dir", str(tmp_path / "lp")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not the same names" in err[0], err
+    assert len(err) == 1 and "have different class folders" in err[0], err
 
 
-def test_cifar10_trains_on_random_resized_crop_and_flip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """--data cifar10 trains on `ProbeTensorViews` (the official crop + flip at 32 px); --augment false does not."""
-    import trainlab.recipes.linear_probe as lp
-    from trainlab.data.cifar import CIFAR10_MEAN, CIFAR10_STD
+def test_cifar10_trains_on_random_resized_crop_and_flip(tmp_path: Path) -> None:
+    """--data.kind cifar10 trains on `ResizedCropTensors` (the official crop + flip at 32 px, CIFAR-10 statistics);
+    --augment false trains on the normalised images as they are; --data.train-limit keeps the first N."""
+    from trainlab.data.cifar import CIFAR10_MEAN, CIFAR10_STD, load_cifar10
+    from trainlab.data.fake_cifar import write_fake_cifar10
+    from trainlab.data.transforms import normalise
 
-    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    monkeypatch.setattr(lp, "load_train_images", lambda *args: (images, torch.arange(8) % 10))
-    cfg = LinearProbeConfig(data="cifar10", image_size=32, eval_subset=5, seed=4, run_dir=tmp_path / "lp")
+    root = write_fake_cifar10(tmp_path / "cifar", num_train=20, num_test=10)
+    raw = load_cifar10(root, train=True)
+    images = torch.from_numpy(raw.data).permute(0, 3, 1, 2)
+    data = ProbeData(kind="cifar10", root=root, train_limit=5)
+    cfg = LinearProbeConfig(data=data, image_size=32, seed=4, run_dir=tmp_path / "lp")
     ds = LinearProbeRecipe(cfg).build_data(None, torch.device("cpu"))  # type: ignore[arg-type]
-    assert isinstance(ds, ProbeTensorViews) and len(ds) == 5
+    assert isinstance(ds, ResizedCropTensors) and len(ds) == 5
     ds.set_epoch(1)
-    expected = probe_train_view(images[3], 32, seed=4, epoch=1, index=3, mean=CIFAR10_MEAN, std=CIFAR10_STD)
-    assert torch.equal(ds[3]["image"], expected) and int(ds[3]["label"]) == 3
-    bank = EvalImages(torch.rand(5, 3, 32, 32), torch.arange(5), torch.rand(2, 3, 32, 32), torch.arange(2), 10)
-    monkeypatch.setattr(LinearProbeRecipe, "_data", lambda self: bank)
+    expected = random_resized_crop_flip(images[3], 32, seed=4, epoch=1, index=3, mean=CIFAR10_MEAN, std=CIFAR10_STD)
+    assert torch.equal(ds[3]["image"], expected) and int(ds[3]["label"]) == raw.targets[3]
     plain = LinearProbeRecipe(dataclasses.replace(cfg, augment=False)).build_data(None, torch.device("cpu"))  # type: ignore[arg-type]
-    assert not isinstance(plain, ProbeTensorViews) and torch.equal(plain[3]["image"], bank.bank_N3HW[3])
+    assert not isinstance(plain, ResizedCropTensors) and len(plain) == 5  # type: ignore[arg-type]
+    assert torch.equal(plain[3]["image"], normalise(images[3:4], CIFAR10_MEAN, CIFAR10_STD)[0])

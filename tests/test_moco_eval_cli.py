@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from trainlab.cli import main
+from trainlab.data.config import DataConfig
+from trainlab.data.sources import eval_images
 from trainlab.engine.loop import Trainer
 from trainlab.models.moco import MoCo, official_checkpoint
 from trainlab.recipes.linear_probe import LinearProbeConfig, LinearProbeRecipe, load_backbone
-from trainlab.recipes.moco import MocoConfig, MocoRecipe, knn_of_features, load_eval_images
+from trainlab.recipes.moco import MocoConfig, MocoRecipe, knn_of_features
 
 SUBSET = 200
 
@@ -24,7 +26,7 @@ SUBSET = 200
 def official_ckpt(tmp_path: Path) -> Path:
     """A main_moco.py-format checkpoint of a debug ResNet with non-default BN statistics (a few train-mode passes)."""
     torch.manual_seed(3)
-    model = MoCo("resnet_debug", dim=16, mlp_dim=32, temperature=0.2, image_size=16)
+    model = MoCo("tv_resnet_debug", dim=16, mlp_dim=32, temperature=0.2, image_size=16)
     with torch.no_grad():
         for _ in range(3):
             model(torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16))
@@ -46,12 +48,12 @@ def _one_error_line(err: str) -> str:
 
 
 def test_eval_knn_prints_the_in_process_accuracy(official_ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["eval", "knn", "--checkpoint", str(official_ckpt), "--subset", str(SUBSET), "--k", "20"]
+    args = ["eval", "knn", "--moco-weights", str(official_ckpt), "--data.eval-limit", str(SUBSET), "--k", "20"]
     assert main([*args, "--image-size", "16"]) == 0
     printed = _json_line(capsys.readouterr().out)
-    model, _ = load_backbone(str(official_ckpt), "resnet_debug", 16)
+    model, _ = load_backbone(str(official_ckpt), "tv_resnet_debug", 16)
     model.eval()
-    images = load_eval_images("digits", Path("unused"), 16, 0, SUBSET)
+    images = eval_images(DataConfig(kind="digits", eval_limit=SUBSET), 16)
     expected = knn_of_features(
         model.features, images, device=torch.device("cpu"), batch_size=256, k=20, temperature=0.1
     )
@@ -65,19 +67,19 @@ def test_eval_knn_baselines_and_a_trainlab_run(tmp_path: Path, capsys: pytest.Ca
     cfg = MocoRecipe(MocoConfig()).debug_config()
     cfg = dataclasses.replace(cfg, run_dir=tmp_path / "run", epochs=1, tensorboard=False, progress=False)
     Trainer(MocoRecipe(cfg)).fit()
-    common = ["eval", "knn", "--subset", str(SUBSET), "--k", "20"]
+    common = ["eval", "knn", "--data.eval-limit", str(SUBSET), "--k", "20"]
     results = {}
     for name, extra in {
         "pixels": ["--features", "pixels"],
-        "random": ["--checkpoint", "", "--arch", "resnet_debug"],
-        "trainlab": ["--checkpoint", str(tmp_path / "run" / "ckpt" / "last.pt")],
+        "random": ["--moco-weights", "", "--model", "tv_resnet_debug"],
+        "trainlab": ["--moco-weights", str(tmp_path / "run" / "ckpt" / "last.pt")],
     }.items():
         assert main([*common, *extra]) == 0
         results[name] = _json_line(capsys.readouterr().out)
     assert results["pixels"]["features"] == "raw pixels"
-    assert results["random"]["features"] == "random-init resnet_debug"
-    assert str(results["trainlab"]["features"]).startswith("resnet_debug from ")
-    pixels = load_eval_images("digits", Path("unused"), 16, 0, SUBSET)
+    assert results["random"]["features"] == "random-init tv_resnet_debug"
+    assert str(results["trainlab"]["features"]).startswith("tv_resnet_debug from ")
+    pixels = eval_images(DataConfig(kind="digits", eval_limit=SUBSET), 16)
     expected = knn_of_features(
         lambda x: x.flatten(1), pixels, device=torch.device("cpu"), batch_size=256, k=20, temperature=0.1
     )
@@ -88,13 +90,13 @@ def test_eval_knn_baselines_and_a_trainlab_run(tmp_path: Path, capsys: pytest.Ca
 def test_missing_checkpoint_is_one_line(tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.pth.tar"
     extra = ["--run-dir", str(tmp_path / "lp")] if command == "linear-probe" else []
-    assert main(["eval", command, "--checkpoint", str(missing), *extra]) == 2
+    assert main(["eval", command, "--moco-weights", str(missing), *extra]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert f"checkpoint {missing} not found" in line
 
 
 def test_k_larger_than_the_bank_is_one_line(official_ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", "knn", "--checkpoint", str(official_ckpt), "--subset", "50", "--k", "51"]) == 2
+    assert main(["eval", "knn", "--moco-weights", str(official_ckpt), "--data.eval-limit", "50", "--k", "51"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "k=51 must be between 1 and the bank size 50" in line
 
@@ -111,7 +113,7 @@ def test_linear_probe_checkpoint_is_refused(
     lincls = tmp_path / "model_best.pth.tar"
     torch.save({"epoch": 90, "arch": "resnet18", "state_dict": backbone, "best_acc1": torch.tensor(55.0)}, lincls)
     extra = ["--run-dir", str(tmp_path / "lp")] if command == "linear-probe" else []
-    assert main(["eval", command, "--checkpoint", str(lincls), *extra]) == 2
+    assert main(["eval", command, "--moco-weights", str(lincls), *extra]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "linear-classification checkpoint (main_lincls.py format" in line and "best_acc1=55.00" in line
 
@@ -120,7 +122,8 @@ def test_eval_linear_probe_prints_final_accuracy(
     tmp_path: Path, official_ckpt: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "lp"
-    args = ["eval", "linear-probe", "--checkpoint", str(official_ckpt), "--run-dir", str(run), "--eval-subset", "256"]
+    args = ["eval", "linear-probe", "--moco-weights", str(official_ckpt), "--run-dir", str(run)]
+    args += ["--data.train-limit", "256", "--data.eval-limit", "256"]
     args += ["--epochs", "2", "--batch-size", "64", "--tensorboard", "false", "--progress", "false"]
     args += ["--eval-every-epochs", "1"]
     assert main(args) == 0
@@ -130,7 +133,7 @@ def test_eval_linear_probe_prints_final_accuracy(
     assert len(accs) == 2
     assert printed["final_test_accuracy"] == accs[-1]
     assert printed["best_epoch_test_accuracy (chosen on the test set)"] == max(accs)
-    assert str(printed["backbone"]).startswith("resnet_debug from ")
+    assert str(printed["backbone"]).startswith("tv_resnet_debug from ")
     assert all(0.0 <= a <= 1.0 for a in accs)
 
 
@@ -139,7 +142,7 @@ def test_linear_probe_changes_no_backbone_weight_or_statistic(tmp_path: Path, of
     checkpoint's, although the classifier trained; and the recipe's first-epoch check fires on a changed statistic."""
     cfg = LinearProbeRecipe(LinearProbeConfig()).debug_config()
     cfg = dataclasses.replace(
-        cfg, checkpoint=str(official_ckpt), run_dir=tmp_path / "lp", tensorboard=False, progress=False
+        cfg, moco_weights=str(official_ckpt), run_dir=tmp_path / "lp", tensorboard=False, progress=False
     )
     recipe = LinearProbeRecipe(cfg)
     trainer = Trainer(recipe)

@@ -12,7 +12,7 @@ from trainlab.cli import main
 from trainlab.config import load_yaml, parse
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
-from trainlab.recipes.cifar import CifarConfig, CifarRecipe
+from trainlab.recipes.cifar import CifarConfig, CifarData, CifarRecipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,13 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 def _cfg(run_dir: Path, **kw: object) -> CifarConfig:
     base = CifarConfig(
         run_dir=run_dir,
-        model="resnet_debug",
-        fake_data=96,
+        model="cifar_resnet_debug",
+        data=CifarData(kind="fake", fake_size=96),
         batch_size=16,
         epochs=2,
         log_every=1,
         eval_batch_size=64,
-        learning_rate=0.05,
+        optim=dataclasses.replace(CifarConfig().optim, learning_rate=0.05),
         tensorboard=False,
         progress=False,
         seed=1,
@@ -52,20 +52,21 @@ def test_resume_with_workers_matches_straight_run(tmp_path: Path) -> None:
 
 
 def test_accuracy_rises_above_chance(tmp_path: Path) -> None:
-    result = Trainer(CifarRecipe(_cfg(tmp_path, fake_data=256, epochs=3, batch_size=32))).fit()
+    data = CifarData(kind="fake", fake_size=256)
+    result = Trainer(CifarRecipe(_cfg(tmp_path, data=data, epochs=3, batch_size=32))).fit()
     assert result.last_eval["test_accuracy"] > 0.3  # 10 classes: chance is 0.1
 
 
 def test_missing_data_root_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["train", "cifar", "--data-root", str(tmp_path / "nowhere"), "--run-dir", str(tmp_path / "r")])
+    code = main(["train", "cifar", "--data.root", str(tmp_path / "nowhere"), "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert "CIFAR-10 not found" in err[-1] and "--download" in err[-1]
+    assert "CIFAR-10 not found" in err[-1] and "--data.download" in err[-1]
 
 
 def test_unknown_model_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "cifar", "--model", "resnet9000", "--run-dir", str(tmp_path)]) == 2
-    assert "unknown model 'resnet9000'" in capsys.readouterr().err
+    assert "argument --model: invalid choice: 'resnet9000'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["cifar_vgg19.yaml", "cifar_resnet18.yaml"])

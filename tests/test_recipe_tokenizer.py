@@ -48,12 +48,18 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+def _with_data(cfg: TokenizerConfig, kw: dict[str, object]) -> TokenizerConfig:
+    """`cfg` with `kw` set; the keys of the data group (`fake_size`, `eval_limit`, `kind`, `root`) go into it."""
+    data = {k: kw.pop(k) for k in list(kw) if k in ("fake_size", "eval_limit", "kind", "root")}
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data), **kw)  # type: ignore[arg-type]
+
+
 def _micro(cfg: TrainConfig, **kw: object) -> TrainConfig:
     """The debug config shrunk further: 8 px images, 2 levels, 3 scales, a 1-layer discriminator."""
     assert isinstance(cfg, TokenizerConfig)
-    base = dict(ch_mult=(1, 2), patch_nums=(1, 2, 4), image_size=8, discriminator_layers=1, eval_size=4)
-    base.update(kw)
-    return dataclasses.replace(cfg, **base)  # type: ignore[arg-type]
+    base: dict[str, object] = dict(ch_mult=(1, 2), patch_nums=(1, 2, 4), image_size=8, discriminator_layers=1)
+    base.update(eval_limit=4, **kw)
+    return _with_data(cfg, base)
 
 
 class MicroTokenizerRecipe(TokenizerRecipe):
@@ -73,7 +79,7 @@ class MicroTokenizerRecipe(TokenizerRecipe):
 
 def _base(run_dir: Path, **kw: object) -> TokenizerConfig:
     cfg = TokenizerConfig(run_dir=run_dir, tensorboard=False, progress=False, device="cpu", seed=3)
-    return dataclasses.replace(TokenizerRecipe(cfg).debug_config(), **kw)  # type: ignore[arg-type, return-value]
+    return _with_data(TokenizerRecipe(cfg).debug_config(), dict(kw))
 
 
 # ------------------------------------------------------------------------------------------- engine-level
@@ -337,11 +343,11 @@ def test_perceptual_and_rfid_are_off_without_weights_and_say_so_once(
 def test_image_folder_is_resized_center_cropped_and_scaled(tmp_path: Path) -> None:
     from PIL import Image
 
-    for split, name in [("train", "a"), ("train", "b"), ("val", "a")]:
+    for split, name in [("train", "a"), ("train", "b"), ("val", "a"), ("val", "b")]:  # the same classes
         (tmp_path / "data" / split / name).mkdir(parents=True, exist_ok=True)
         pixels = (torch.rand(12, 20, 3) * 255).to(torch.uint8).numpy()
         Image.fromarray(pixels).save(tmp_path / "data" / split / name / "img.png")
-    cfg = _base(tmp_path, dataset="image-folder", data_root=tmp_path / "data")
+    cfg = _base(tmp_path, kind="image-folder", root=tmp_path / "data")
     recipe = TokenizerRecipe(cfg)
     train = recipe.build_data(recipe.build(torch.device("cpu")), torch.device("cpu"))
     img = train[0]["image"]
@@ -351,21 +357,22 @@ def test_image_folder_is_resized_center_cropped_and_scaled(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--dataset", "image-folder", "--data-root", "{tmp}/nowhere"], "not found"),
-        (["--dataset", "fake", "--perceptual-weights", "{tmp}/vgg16.pth"], "--perceptual-weights"),
-        (["--dataset", "fake", "--inception-weights", "{tmp}/inception.pth"], "--inception-weights"),
-        (["--dataset", "fake", "--vqvae-preset", "custom", "--image-size", "32"], "does not match the VQVAE"),
-        (["--dataset", "fake", "--ch", "64"], "--vqvae-preset debug sets ch"),
+        (["--data.kind", "image-folder", "--data.root", "{tmp}/nowhere"], "--data.root {tmp}/nowhere not found"),
+        (["--data.kind", "fake", "--perceptual-weights", "{tmp}/vgg16.pth"], "--perceptual-weights"),
+        (["--data.kind", "fake", "--inception-weights", "{tmp}/inception.pth"], "--inception-weights"),
+        (["--data.kind", "fake", "--model", "custom", "--image-size", "32"], "does not match the VQVAE"),
+        (["--data.kind", "fake", "--ch", "64"], "--model vqvae_debug sets ch"),
+        (["--data.kind", "cifar10"], "invalid choice: 'cifar10'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
 ) -> None:
-    argv = ["train", "tokenizer", "--vqvae-preset", "debug", "--discriminator-layers", "2", "--run-dir", str(tmp_path)]
+    argv = ["train", "tokenizer", "--model", "vqvae_debug", "--discriminator-layers", "2", "--run-dir", str(tmp_path)]
     code = main(argv + [f.format(tmp=tmp_path) for f in flags])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert message in err.strip().splitlines()[-1]
+    assert message.format(tmp=tmp_path) in err.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("name", ["tokenizer_digits.yaml", "tokenizer_imagenet256.yaml"])
@@ -373,7 +380,7 @@ def test_shipped_configs_parse(name: str) -> None:
     path = REPO / "trainlab" / "configs" / name
     cfg = parse(TokenizerConfig, ["--config", str(path)], prog="t")
     raw = load_yaml(path)
-    assert cfg.dataset == raw["dataset"] and cfg.vqvae_config().image_size == cfg.image_size
+    assert cfg.data.kind == raw["data"]["kind"] and cfg.vqvae_config().image_size == cfg.image_size
 
 
 @pytest.mark.slow
@@ -384,7 +391,7 @@ def test_rfid_with_local_inception_weights(tmp_path: Path, monkeypatch: pytest.M
         patch.setattr(fe, "load_state_dict_from_url", lambda *a, **k: {})
         state = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"]).state_dict()
     torch.save(state, tmp_path / "inception.pth")
-    cfg = _micro(_base(tmp_path, inception_weights=str(tmp_path / "inception.pth")), eval_size=6)
+    cfg = _micro(_base(tmp_path, inception_weights=str(tmp_path / "inception.pth")), eval_limit=6)
     recipe = TokenizerRecipe(cfg)
     parts = recipe.build(torch.device("cpu"))
     recipe.build_data(parts, torch.device("cpu"))

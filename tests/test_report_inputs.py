@@ -167,8 +167,8 @@ def test_report_checks_its_output_folder_first(
 ) -> None:
     run = _run(tmp_path / "run")
     (tmp_path / "afile").write_text("x")
-    assert main(["report", str(run), "--out", str(tmp_path / "afile")]) == 2
-    assert "--out " + str(tmp_path / "afile") + " is a file; pass a directory" in capsys.readouterr().err
+    assert main(["report", str(run), "--out-dir", str(tmp_path / "afile")]) == 2
+    assert "--out-dir " + str(tmp_path / "afile") + " is a file; pass a directory" in capsys.readouterr().err
 
     def read_only(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.EROFS, "Read-only file system")
@@ -188,8 +188,8 @@ def test_bench_and_demo_check_their_output_folder_before_any_work(
         raise AssertionError("started a run before checking the output folder")
 
     monkeypatch.setattr(subprocess, "run", no_run)
-    assert main(["bench", "precision", "--out-dir", str(tmp_path / "afile"), "--model", "vgg_debug"]) == 2
-    assert "--out-dir " + str(tmp_path / "afile") + " is a file" in capsys.readouterr().err
+    assert main(["bench", "precision", "--run-dir", str(tmp_path / "afile"), "--model", "cifar_vgg_debug"]) == 2
+    assert "--run-dir " + str(tmp_path / "afile") + " is a file" in capsys.readouterr().err
     import trainlab.demo.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "Trainer", no_run)

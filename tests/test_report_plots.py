@@ -226,7 +226,7 @@ def test_report_command(runs: dict[str, list[Path]], tmp_path: Path, capsys: pyt
     assert printed == [str(one / "plots" / n) for n in ("loss.png", "accuracy.png", "results.md", "results.csv")]
 
     dirs = [str(d) for group in runs.values() for d in group]
-    assert report_main([*dirs, "--out", str(tmp_path / "report")]) == 0
+    assert report_main([*dirs, "--out-dir", str(tmp_path / "report")]) == 0
     printed = capsys.readouterr().out.split()
     assert sorted(Path(p).name for p in printed) == sorted([*COMPARISON_PNGS, "results.md", "results.csv"])
     for p in printed:
@@ -319,9 +319,9 @@ def test_report_cli_errors_and_print_config(
     assert capsys.readouterr().err.count("error:") == 1
     one = runs["fp32"][0]
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["report", str(one), "--out", str(tmp_path / "r"), "--print-config"])
+        cli_main(["report", str(one), "--out-dir", str(tmp_path / "r"), "--print-config"])
     assert exit_info.value.code == 0
-    assert yaml.safe_load(capsys.readouterr().out) == {"run_dirs": [str(one)], "out": str(tmp_path / "r")}
+    assert yaml.safe_load(capsys.readouterr().out) == {"run_dirs": [str(one)], "out_dir": str(tmp_path / "r")}
     assert not (tmp_path / "r").exists()
 
 

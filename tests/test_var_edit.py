@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from trainlab import cli
+from trainlab.models.var.convert import export_official
 from trainlab.models.var.edit import edit_images, edit_tokens, encode_tokens, kept_token_maps
-from trainlab.models.var.loading import export_official
 from trainlab.models.var.sample import generate, sample_images, sample_tokens
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
@@ -202,7 +202,8 @@ def files(tmp_path: Path, models: tuple[VQVAE, VAR]) -> dict[str, Path]:
 
 
 def _base(files: dict[str, Path]) -> list[str]:
-    return ["edit", "--vae", str(files["vae"]), "--var", str(files["var"]), "--image", str(files["image"])]
+    weights = ["--tokenizer-weights", str(files["vae"]), "--var-weights", str(files["var"])]
+    return ["edit", *weights, "--image", str(files["image"])]
 
 
 def test_cli_inpaint_grid_tokens_and_seam_log(
@@ -213,8 +214,8 @@ def test_cli_inpaint_grid_tokens_and_seam_log(
 
     vqvae, var = models
     out, tokens_path = files["dir"] / "grid.png", files["dir"] / "t.pt"
-    argv = [*_base(files), "--mask", str(files["mask"]), "--class", "4", "--n", "3", "--seed", "7", "--cfg", "2"]
-    argv += ["--top-k", "20", "--top-p", "0.9", "--out", str(out), "--save-tokens", str(tokens_path)]
+    argv = [*_base(files), "--mask", str(files["mask"]), "--class", "4", "--num-results", "3", "--seed", "7"]
+    argv += ["--guidance", "2", "--top-k", "20", "--top-p", "0.9", "--out", str(out), "--save-tokens", str(tokens_path)]
     with caplog.at_level(logging.INFO):
         assert cli.main([*argv, "--device", "cpu"]) == 0
     assert Image.open(out).size == (2 + 5 * 18, 2 + 18)  # original, mask overlay, 3 results
@@ -242,7 +243,7 @@ def test_cli_inpaint_grid_tokens_and_seam_log(
 )
 def test_cli_box_outpaint_and_edit_modes(files: dict[str, Path], extra: list[str]) -> None:
     out = files["dir"] / "grid.png"
-    assert cli.main([*_base(files), *extra, "--n", "1", "--out", str(out), "--device", "cpu"]) == 0
+    assert cli.main([*_base(files), *extra, "--num-results", "1", "--out", str(out), "--device", "cpu"]) == 0
     assert Image.open(out).size == (2 + 3 * 18, 2 + 18)
 
 
@@ -261,7 +262,7 @@ def test_cli_mask_of_another_size_is_resized_with_a_warning(
 ) -> None:
     out = files["dir"] / "grid.png"
     with caplog.at_level(logging.WARNING):
-        assert cli.main([*_base(files), "--mask", str(files["big_mask"]), "--n", "1", "--out", str(out)]) == 0
+        assert cli.main([*_base(files), "--mask", str(files["big_mask"]), "--num-results", "1", "--out", str(out)]) == 0
     assert "--mask is 48x40 but the image is 24x20: resizing the mask" in caplog.text
 
 
@@ -274,15 +275,16 @@ def _other_vae(files: dict[str, Path], **changes: Any) -> Path:
 def test_cli_bad_input_is_one_line_and_exit_code_2(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     out = str(files["dir"] / "g.png")
     base, mask = _base(files), ["--mask", str(files["mask"])]
-    vae, var = ["--vae", str(files["vae"])], ["--var", str(files["var"])]
+    vae, var = ["--tokenizer-weights", str(files["vae"])], ["--var-weights", str(files["var"])]
     image = ["--image", str(files["image"])]
+    grid = ["--out", out]
     cases = [
         (
             [*base, "--mask", str(files["black"]), "--out", out],
             "all black after resizing and cropping: nothing to edit",
         ),
         ([*base, *mask, "--class", "1000", "--out", out], "--class 1000 is out of range: use 0..999"),
-        ([*base, *mask, "--class", "-1", "--out", out], "--label/--class must be >= 0, got -1"),
+        ([*base, *mask, "--class", "-1", "--out", out], "--class must be >= 0, got -1"),
         ([*base, *mask, "--mode", "edit", "--out", out], "--mode edit regenerates the masked region as a class"),
         ([*base, "--out", out], "nothing marks the region to regenerate"),
         ([*base, *mask, "--box", "0", "0", "4", "4", "--out", out], "either --mask or --box"),
@@ -292,11 +294,14 @@ def test_cli_bad_input_is_one_line_and_exit_code_2(files: dict[str, Path], capsy
         ([*base, *mask, "--out", str(files["dir"] / "g.jpg")], "--out must be a .png"),
         (["edit", *vae, *var, "--image", str(files["dir"] / "nope.png"), *mask, "--out", out], "nope.png not found"),
         (["edit", *vae, *var, *image, "--mask", str(files["dir"] / "nope.png"), "--out", out], "nope.png not found"),
-        (["edit", *vae, "--var", str(files["dir"] / "nope.pth"), *image, *mask, "--out", out], "not found"),
-        (["edit", "--vae", str(files["var"]), *var, *image, *mask, "--out", out], "is not a VQVAE checkpoint"),
-        (["edit", "--vae", str(_other_vae(files, vocab_size=32)), *var, *image, *mask, "--out", out], "does not fit"),
+        (["edit", *vae, "--var-weights", str(files["dir"] / "nope.pth"), *image, *mask, "--out", out], "not found"),
+        (["edit", "--tokenizer-weights", str(files["var"]), *var, *image, *mask, "--out", out], "not a VQVAE"),
         (
-            ["edit", "--vae", str(_other_vae(files, patch_nums=(1, 2, 4))), *var, *image, *mask, "--out", out],
+            ["edit", "--tokenizer-weights", str(_other_vae(files, vocab_size=32)), *var, *image, *mask, "--out", out],
+            "does not fit",
+        ),
+        (
+            ["edit", "--tokenizer-weights", str(_other_vae(files, patch_nums=(1, 2, 4))), *var, *image, *mask, *grid],
             "was built for 3 scales but --var",
         ),
         ([*base, *mask, "--top-p", "0", "--out", out], "--top-p must be in (0, 1], got 0"),

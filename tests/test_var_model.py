@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from trainlab.errors import UsageError
 from trainlab.losses.token_cross_entropy import token_cross_entropy
 from trainlab.models.var.blocks import AdaLNSelfAttn
-from trainlab.models.var.loading import build_var, export_official, infer_var_config, load_official, read_state_dict
+from trainlab.models.var.convert import build_var, export_official, infer_var_config, load_official, read_state_dict
 from trainlab.models.var.transformer import PATCH_NUMS_512, VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
@@ -275,9 +275,9 @@ def test_load_official_debug_pair(debug_pair: tuple[Path, Path]) -> None:
 
 def test_loader_errors(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
     vae_path, var_path = debug_pair
-    with pytest.raises(UsageError, match=r"not a VAR checkpoint.*VQVAE checkpoint: pass it as --vae"):
+    with pytest.raises(UsageError, match=r"not a VAR checkpoint.*VQVAE checkpoint: pass it as --tokenizer-weights"):
         load_official(vae_path, vae_path)
-    with pytest.raises(UsageError, match=r"not a VQVAE checkpoint.*VAR checkpoint: pass it as --var"):
+    with pytest.raises(UsageError, match=r"not a VQVAE checkpoint.*VAR checkpoint: pass it as --var-weights"):
         load_official(var_path, var_path)
     with pytest.raises(UsageError, match="not found"):
         load_official(vae_path, tmp_path / "missing.pth")
@@ -302,7 +302,8 @@ def test_loader_errors(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
 
 
 def test_trainlab_run_checkpoints_are_unwrapped(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
-    """`ckpt/last.pt` of a tokenizer run (VQVAE + discriminator) and of a VAR run load as --vae / --var."""
+    """`ckpt/last.pt` of a tokenizer run (VQVAE + discriminator) and of a VAR run load as --tokenizer-weights /
+    --var-weights."""
     vae_path, var_path = debug_pair
     vae_sd, var_sd = torch.load(vae_path, weights_only=True), torch.load(var_path, weights_only=True)
     disc_sd = {"main.0.weight": torch.zeros(4, 3, 4, 4)}

@@ -3,6 +3,7 @@ checks, and the `trainlab sample` command on a tiny checkpoint pair."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 from PIL import Image
 
 from trainlab.errors import UsageError
-from trainlab.models.var.loading import export_official
+from trainlab.models.var.convert import export_official
 from trainlab.models.var.sample import (
     cpu_multinomial_is_exponential_argmax,
     filter_top_k_top_p_,
@@ -135,8 +136,8 @@ def test_cli_grid_and_tokens(ckpts: tuple[Path, Path], tmp_path: Path, debug_mod
     from trainlab.commands.sample import main
 
     vae, var_path = ckpts
-    argv = ["--vae", str(vae), "--var", str(var_path), "--classes", "1", "500", "999", "--seed", "42"]
-    argv += ["--cfg", "3.0", "--top-k", "600", "--top-p", "0.9", "--device", "cpu"]
+    argv = ["--tokenizer-weights", str(vae), "--var-weights", str(var_path), "--classes", "1", "500", "999"]
+    argv += ["--seed", "42", "--guidance", "3.0", "--top-k", "600", "--top-p", "0.9", "--device", "cpu"]
     assert main([*argv, "--out", str(tmp_path / "grid.png"), "--save-tokens", str(tmp_path / "tokens.pt")]) == 0
     grid = Image.open(tmp_path / "grid.png")
     assert grid.size == (2 + 3 * 18, 2 + 18) and grid.mode == "RGB"
@@ -156,7 +157,8 @@ def test_cli_fast_decode_is_the_official_image_within_a_rounding_step(
     from trainlab.commands.sample import main
 
     vae, var_path = ckpts
-    argv = ["--vae", str(vae), "--var", str(var_path), "--classes", "3", "7", "--seed", "1", "--device", "cpu"]
+    argv = ["--tokenizer-weights", str(vae), "--var-weights", str(var_path), "--classes", "3", "7", "--seed", "1"]
+    argv += ["--device", "cpu"]
     with caplog.at_level("INFO", logger="trainlab.commands.sample"):
         assert main([*argv, "--out", str(tmp_path / "fast.png")]) == 0
     assert main([*argv, "--out", str(tmp_path / "plain.png"), "--fast-decode", "false"]) == 0
@@ -173,8 +175,8 @@ def test_cli_out_dir_npz_and_resume(ckpts: tuple[Path, Path], tmp_path: Path, ca
 
     vae, var_path = ckpts
     out_dir = tmp_path / "samples"
-    argv = ["--vae", str(vae), "--var", str(var_path), "--classes", "3", "7", "--n-per-class", "3"]
-    argv += ["--batch-size", "4", "--out-dir", str(out_dir), "--device", "cpu"]
+    argv = ["--tokenizer-weights", str(vae), "--var-weights", str(var_path), "--classes", "3", "7"]
+    argv += ["--samples-per-class", "3", "--batch-size", "4", "--out-dir", str(out_dir), "--device", "cpu"]
     assert main(argv) == 0
     pngs = sorted(out_dir.glob("*.png"))
     assert [p.name for p in pngs][:4] == [
@@ -199,7 +201,8 @@ def test_cli_errors(ckpts: tuple[Path, Path], tmp_path: Path) -> None:
     from trainlab.commands.sample import main
 
     vae, var_path = ckpts
-    base = ["--vae", str(vae), "--var", str(var_path)]
+    base = ["--tokenizer-weights", str(vae), "--var-weights", str(var_path)]
+    grid = ["--out", str(tmp_path / "g.png")]
     cases = [
         ([*base, "--classes", "1"], "nothing to write"),
         ([*base, "--classes", "1", "2000", "--out", str(tmp_path / "g.png")], "out of range"),
@@ -209,7 +212,7 @@ def test_cli_errors(ckpts: tuple[Path, Path], tmp_path: Path) -> None:
             r"--top-p must be in \(0, 1\], got 0",
         ),
         ([*base, "--classes", "1", "--out", str(tmp_path / "g.jpg")], r"\.png"),
-        (["--vae", str(var_path), "--var", str(vae), "--classes", "1", "--out", str(tmp_path / "g.png")], "not a"),
+        (["--tokenizer-weights", str(var_path), "--var-weights", str(vae), "--classes", "1", *grid], "not a"),
         ([*base, "--out", str(tmp_path / "g.png")], "--classes"),
     ]
     for argv, pattern in cases:
@@ -217,31 +220,29 @@ def test_cli_errors(ckpts: tuple[Path, Path], tmp_path: Path) -> None:
             main(argv)
 
 
-def test_cli_flags_full_words_and_yaml_agree(tmp_path: Path) -> None:
-    """The short flags (--vae, --cfg, --n-per-class) are aliases of the full-word fields; YAML uses the field names."""
+def test_cli_former_flags_current_flags_and_yaml_agree(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The former short flags (--vae, --var, --cfg, --n-per-class) still set the fields, each with a warning naming
+    the current flag; YAML uses the field names (and accepts the former ones, with a warning)."""
     from trainlab.commands.sample import SampleConfig
     from trainlab.config import parse
 
-    short = [
-        "--vae",
-        "a.pth",
-        "--var",
-        "b.pth",
-        "--classes",
-        "all",
-        "--n-per-class",
-        "2",
-        "--cfg",
-        "3",
-        "--out",
-        "g.png",
-    ]
-    full = ["--vae-weights", "a.pth", "--var-weights", "b.pth", "--classes", "all", "--samples-per-class", "2"]
-    full += ["--guidance", "3", "--out", "g.png"]
+    former = ["--vae", "a.pth", "--var", "b.pth", "--classes", "all", "--n-per-class", "2", "--cfg", "3"]
+    former += ["--out", "g.png"]
+    current = ["--tokenizer-weights", "a.pth", "--var-weights", "b.pth", "--classes", "all"]
+    current += ["--samples-per-class", "2", "--guidance", "3", "--out", "g.png"]
     (tmp_path / "sample.yaml").write_text(
-        "vae_weights: a.pth\nvar_weights: b.pth\nclasses: all\nsamples_per_class: 2\nguidance: 3\nout: g.png\n"
+        "tokenizer_weights: a.pth\nvar_weights: b.pth\nclasses: all\nsamples_per_class: 2\nguidance: 3\nout: g.png\n"
     )
-    configs = [parse(SampleConfig, argv, prog="trainlab sample") for argv in (short, full)]
+    (tmp_path / "former.yaml").write_text("vae_weights: a.pth\nvar_weights: b.pth\nclasses: all\nout: g.png\n")
+    with caplog.at_level(logging.WARNING):
+        configs = [parse(SampleConfig, argv, prog="trainlab sample") for argv in (former, current)]
+    warned = [r.getMessage() for r in caplog.records]
+    for old, new in (("--vae", "--tokenizer-weights"), ("--var", "--var-weights"), ("--cfg", "--guidance")):
+        assert any(m.startswith(f"{old} is the former spelling of {new}") for m in warned), (old, warned)
     configs.append(parse(SampleConfig, ["--config", str(tmp_path / "sample.yaml")], prog="trainlab sample"))
     assert configs[0] == configs[1] == configs[2]
+    with caplog.at_level(logging.WARNING):
+        from_former_yaml = parse(SampleConfig, ["--config", str(tmp_path / "former.yaml")], prog="trainlab sample")
+    assert from_former_yaml.tokenizer_weights == Path("a.pth")
+    assert "'vae_weights' is the former name of 'tokenizer_weights'" in caplog.text
     assert (configs[0].classes, configs[0].guidance, configs[0].samples_per_class) == (["all"], 3.0, 2)

@@ -1,5 +1,5 @@
 """`trainlab sample` refuses before sampling: a CUDA device that is not there, an output it cannot write, and a
---vae other than the tokenizer a trainlab VAR checkpoint was trained with (one line each, exit code 2)."""
+--tokenizer-weights other than the tokenizer a trainlab VAR checkpoint was trained with (one line each, exit code 2)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from trainlab.cli import main as cli_main
 from trainlab.commands.sample import main
 from trainlab.data.token_cache import tokenizer_sha256
 from trainlab.errors import UsageError
-from trainlab.models.var.loading import export_official, load_official, load_tokenizer
+from trainlab.models.var.convert import export_official, load_official, load_tokenizer
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
@@ -49,19 +49,20 @@ def var_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_a_mismatched_tokenizer_is_refused_naming_both(var_run: dict[str, Any], tmp_path: Path) -> None:
-    base = ["--var", str(var_run["ckpt"]), "--classes", "1", "--device", "cpu", "--out", str(tmp_path / "g.png")]
+    base = ["--var-weights", str(var_run["ckpt"]), "--classes", "1", "--device", "cpu"]
+    base += ["--out", str(tmp_path / "g.png")]
     with pytest.raises(UsageError) as info:
-        main([*base, "--vae", str(var_run["other"])])
+        main([*base, "--tokenizer-weights", str(var_run["other"])])
     message = str(info.value)
     assert str(var_run["ckpt"]) in message and str(var_run["other"]) in message and "\n" not in message
     expected = tokenizer_sha256(_vqvae(1))[:12]
     found = tokenizer_sha256(_vqvae(2))[:12]
     assert f"trained with tokenizer sha256 {expected}" in message and f"has sha256 {found}" in message
     assert not (tmp_path / "g.png").exists()
-    assert main([*base, "--vae", str(var_run["vae"])]) == 0  # the tokenizer the run used
+    assert main([*base, "--tokenizer-weights", str(var_run["vae"])]) == 0  # the tokenizer the run used
     assert (tmp_path / "g.png").is_file()
     # official weights and exports record no tokenizer: nothing to check
-    export = ["--var", str(var_run["var_export"]), "--vae", str(var_run["other"])]
+    export = ["--var-weights", str(var_run["var_export"]), "--tokenizer-weights", str(var_run["other"])]
     assert main([*export, "--classes", "1", "--device", "cpu", "--out", str(tmp_path / "h.png")]) == 0
 
 
@@ -78,8 +79,8 @@ def test_cuda_without_cuda_is_one_line(
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    argv = ["sample", "--vae", str(var_run["vae"]), "--var", str(var_run["ckpt"]), "--classes", "1"]
-    argv += ["--out", str(tmp_path / "g.png"), "--device", "cuda"]
+    argv = ["sample", "--tokenizer-weights", str(var_run["vae"]), "--var-weights", str(var_run["ckpt"])]
+    argv += ["--classes", "1", "--out", str(tmp_path / "g.png"), "--device", "cuda"]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert err == "trainlab sample: error: --device cuda: CUDA is not available here; use --device cpu (or auto)\n"
@@ -100,10 +101,11 @@ def test_unwritable_outputs_fail_before_sampling(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     Path("a_file").write_text("x")
-    import trainlab.models.var.loading as loading
+    import trainlab.models.var.convert as loading
 
     monkeypatch.setattr(loading, "load_official", lambda *a: pytest.fail("loaded weights before checking outputs"))
-    argv = ["--vae", str(var_run["vae"]), "--var", str(var_run["ckpt"]), "--classes", "1", "--device", "cpu"]
+    argv = ["--tokenizer-weights", str(var_run["vae"]), "--var-weights", str(var_run["ckpt"]), "--classes", "1"]
+    argv += ["--device", "cpu"]
     with pytest.raises(UsageError, match=message) as info:
         main([*argv, flag, where])
     assert flag in str(info.value) and "\n" not in str(info.value)

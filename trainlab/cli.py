@@ -1,11 +1,16 @@
 """The `trainlab` command: a thin dispatcher. Each subcommand's flags come from its typed config or its module.
 
     trainlab train RECIPE [--config file.yaml] [--field value ...]   (flags generated from the recipe's config)
+    trainlab plan RECIPE [--gpu NAME|GiB] [--gpus N] [--json] ...    (will the run fit? traced on fake tensors)
     trainlab bench precision ...                                     (every precision mode, then plots)
     trainlab report RUN_DIR [RUN_DIR ...]                            (plots and tables from run directories)
-    trainlab sample --vae PATH --var PATH --classes ...              (sample from VAR weights)
+    trainlab sample --tokenizer-weights PATH --var-weights PATH ...  (sample from VAR weights)
     trainlab demo [--quick]                                          (tokenizer + VAR on bundled digits, judged)
     trainlab launch [torchrun options] COMMAND ...                   (torchrun, exiting with the workers' code)
+    trainlab doctor [RECIPE [train flags]] [--json]                  (checks this machine before a long run)
+
+Flags are one vocabulary across commands (`trainlab/vocabulary.py`). The dispatcher imports a command's module when
+it runs, and a command imports torch when it needs it: `--help`, `runs`, `report` and usage errors load no torch.
 
 One error boundary for every command: a user error (`UsageError`), an OS error (full disk, read-only or missing
 path, a file where a folder is expected, ...) and running out of memory print one line `trainlab CMD: error: ...`
@@ -24,7 +29,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from trainlab import dist
+from trainlab import launcher
 from trainlab.errors import UsageError
 from trainlab.host_memory import configure_host_allocator
 
@@ -40,6 +45,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "edit": ("trainlab.commands.edit:main", "in-paint / out-paint / class-edit an image with VAR weights (zero-shot)"),
     "eval": ("trainlab.commands.eval:main", "MoCo backbones (`eval knn|linear-probe`), samples (`eval fid|judge`)"),
     "demo": ("trainlab.commands.demo:main", "tokenizer + VAR trained on bundled digits, then judged (--quick: 2 min)"),
+    "doctor": ("trainlab.commands.doctor:main", "check the machine before a long run: GPUs, versions, shm, disk, data"),
 }
 LAUNCH_HELP = "torchrun for trainlab: `trainlab launch --nproc-per-node 2 train toy ...` exits with the workers' code"
 
@@ -111,9 +117,9 @@ def _out_of_memory(err: BaseException) -> bool:
 def _fail(name: str, message: str, exit_code: int) -> int:
     """Print the one line (rank 0 only under torchrun), hand it to torchrun's error file, return the exit code."""
     line = f"trainlab {name}: error: {' '.join(message.split())}"
-    if dist.launched_rank() == 0:
+    if launcher.launched_rank() == 0:
         print(line, file=sys.stderr)
-    dist.record_error_for_launcher(line)
+    launcher.record_error_for_launcher(line)
     return exit_code
 
 
@@ -126,7 +132,7 @@ def _launch(rest: list[str]) -> int:
     split = next((i for i, arg in enumerate(rest) if arg in _COMMANDS), None)
     if split is None:
         raise UsageError(f"no command to launch; name one of: {', '.join(_COMMANDS)} (after the torchrun options)")
-    return dist.launch(rest[:split], rest[split:])
+    return launcher.launch(rest[:split], rest[split:])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         return _fail(name, describe_os_error(err), 2)
     except KeyboardInterrupt:
-        if dist.launched_rank() == 0:
+        if launcher.launched_rank() == 0:
             print(f"trainlab {name}: interrupted", file=sys.stderr)
         return 130
     except (MemoryError, RuntimeError) as err:
@@ -169,11 +175,11 @@ def run() -> NoReturn:
     """The `trainlab` program (console script, `python -m trainlab`, `torchrun -m trainlab`): `main`, then exit.
 
     `main` only returns its exit code, so it can be called in-process; ending the process is done here. Under torchrun
-    a failed rank ends at once with that code (`dist.exit_failed_worker`), never by the launcher's signal.
+    a failed rank ends at once with that code (`launcher.exit_failed_worker`), never by the launcher's signal.
     """
     exit_code = main()
     if exit_code != 0:
-        dist.exit_failed_worker(exit_code)
+        launcher.exit_failed_worker(exit_code)
     sys.exit(exit_code)
 
 

@@ -130,6 +130,7 @@ def option(
     *,
     positional: bool = False,
     metavar: str | None = None,
+    flag: str | None = None,
     aliases: Sequence[str] = (),
     ge: float | None = None,
     gt: float | None = None,
@@ -148,7 +149,10 @@ def option(
         help: one line for `--help`.
         positional: a positional command-line argument instead of a `--flag` (top-level fields only).
         metavar: the placeholder `--help` shows for the value (`PATH`, `N`, ...).
-        aliases: extra flag spellings, e.g. `("--cfg",)` for a field named `guidance`.
+        flag: the flag's spelling when the field's name cannot be it (`--class` for a field named `label`: `class`
+            is a Python keyword); YAML keeps the field's name. Top-level fields only.
+        aliases: extra flag spellings shown by `--help` beside the flag. A setting has one name: give a former
+            spelling as `deprecated`, another library's as `FOREIGN_FLAGS` / `FOREIGN_ALIASES`.
         ge, gt, le, lt: bounds of a numeric field (of each item of a list field): >=, >, <=, <.
         sentinels: values admitted outside the bounds, each with a meaning the help string gives (`-1: all`).
         allow_inf: a float field may be infinite (floats are finite otherwise).
@@ -172,6 +176,7 @@ def option(
         "help": help,
         "positional": positional,
         "metavar": metavar,
+        "flag": flag,
         "aliases": tuple(aliases),
         "range": bounds,
         "deprecated": tuple(deprecated),
@@ -199,6 +204,11 @@ class Auto(Generic[T]):
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def field_flag(dotted: str, f: dataclasses.Field[Any]) -> str:
+    """The flag of a field: `--dotted-name`, or the spelling it declares with `option(..., flag=...)`."""
+    return str(f.metadata.get("flag") or _flag(dotted))
 
 
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
@@ -360,10 +370,20 @@ def _build(cls: type[T], data: dict[str, Any], where: str) -> T:
     for name, value in data.items():
         tp, f = known[name]
         if dataclasses.is_dataclass(tp):
+            default = _default_group(f)  # a partial group keeps the field's own defaults for what it leaves out
+            if isinstance(value, dict) and default is not None:
+                value = merge(to_dict(default), value)
             kwargs[name] = _build(tp, value, f"{where}.{name}")  # type: ignore[arg-type]
         else:
             kwargs[name] = _convert(_upgrade_value(value, f, f"{where}.{name}"), tp, f"{where}.{name}")
     return cls(**kwargs)
+
+
+def _default_group(f: dataclasses.Field[Any]) -> Any:
+    """The default instance of a nested-config field (`option(ScheduleConfig(kind="cosine"), ...)`), or None."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 # ------------------------------------------------------------------------------------------ renamed settings
@@ -376,7 +396,11 @@ def deprecated_keys(cls: type, prefix: str = "") -> dict[str, str]:
             renames.update(deprecated_keys(tp, dotted + "."))  # type: ignore[arg-type]
             continue
         for flag in f.metadata.get("deprecated", ()):
-            renames[flag.lstrip("-").replace("-", "_")] = dotted
+            key = flag.lstrip("-").replace("-", "_")
+            # `--label` before `flag="--class"`, or a group's former flat key with the group read on its own: the
+            # YAML key is still the field's own name, nothing to rename
+            if key != dotted:
+                renames[key] = dotted
     return renames
 
 
@@ -593,6 +617,8 @@ def _add_arguments(
         bounds = field_range(f)
         if bounds is not None:
             help_text += f"; range: {bounds.core()}"
+        if prefix and f.metadata.get("flag"):
+            raise TypeError(f"{dotted}: only top-level fields can declare their own flag")
         if f.metadata.get("positional"):
             if prefix:
                 raise TypeError(f"{dotted}: only top-level fields can be positional")
@@ -610,7 +636,7 @@ def _add_arguments(
         if base is bool:  # `--debug` alone means true; `--debug false` is accepted too
             nargs, const, metavar = "?", "true", metavar or "true|false"
         parser.add_argument(
-            _flag(dotted),
+            field_flag(dotted, f),
             *f.metadata.get("aliases", ()),
             dest=dotted,
             default=argparse.SUPPRESS,
@@ -621,6 +647,10 @@ def _add_arguments(
             help=help_text,
         )
         for former in f.metadata.get("deprecated", ()):
+            # a group's former flat flag, the group parsed on its own, is the field's own flag (`--label` before
+            # `flag="--class"` is not: the field's flag is `--class`)
+            if former == field_flag(dotted, f):
+                continue
             parser.add_argument(
                 former,
                 dest=dotted,
@@ -630,7 +660,7 @@ def _add_arguments(
                 choices=choices,
                 metavar=metavar,
                 help=argparse.SUPPRESS,
-                action=type("_Deprecated", (_DeprecatedFlag,), {"replacement": _flag(dotted)}),
+                action=type("_Deprecated", (_DeprecatedFlag,), {"replacement": field_flag(dotted, f)}),
             )
 
 
@@ -700,39 +730,37 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 # Flags of other training libraries (timm, Accelerate, Lightning, HF Trainer, the official research scripts) ->
-# the trainlab flags that hold the same setting, in order of preference; a parser suggests those it has. They are
-# answered, not accepted: the meaning often differs (trainlab's --batch-size is the global batch, --lr may be per
-# 256 images), so the user picks the trainlab flag knowingly.
+# the trainlab flags that hold the same setting, in order of preference; a parser suggests the first it has. They are
+# answered, not accepted: the meaning differs (trainlab's --batch-size is the global batch, --lr is per 256 images in
+# some recipes, --max-steps does not shorten the schedule) or depends on the command (--output-dir is a run's folder
+# for `train`, an output folder for `sample`), so the user picks the trainlab flag knowingly.
 FOREIGN_FLAGS: dict[str, tuple[str, ...]] = {
     "--lr": ("--learning-rate", "--base-learning-rate", "--optim.learning-rate", "--optim.base-learning-rate"),
     "--blr": ("--base-learning-rate", "--optim.base-learning-rate"),
     "--wd": ("--weight-decay", "--optim.weight-decay"),
     "--mixed-precision": ("--precision",),
     "--amp": ("--precision",),
+    "--amp-dtype": ("--precision",),
     "--fp16": ("--precision",),
     "--bf16": ("--precision",),
     "--output-dir": ("--run-dir", "--out-dir", "--out"),
+    "--output": ("--run-dir", "--out-dir", "--out"),
     "--save-dir": ("--run-dir", "--out-dir"),
     "--log-dir": ("--run-dir",),
     "--default-root-dir": ("--run-dir",),
-    "--resume-from-checkpoint": ("--resume", "--checkpoint"),
-    "--ckpt-path": ("--resume", "--checkpoint"),
-    "--checkpoint-path": ("--resume", "--checkpoint"),
-    "--pretrained": ("--checkpoint", "--init-from"),
-    "--gradient-accumulation-steps": ("--grad-accumulation",),
-    "--accumulate-grad-batches": ("--grad-accumulation",),
-    "--accum-iter": ("--grad-accumulation",),
-    "--max-epochs": ("--epochs",),
-    "--num-epochs": ("--epochs",),
-    "--num-train-epochs": ("--epochs",),
+    "--experiment": ("--run-dir",),
+    "--resume-from-checkpoint": ("--resume", "--moco-weights"),
+    "--ckpt-path": ("--resume", "--moco-weights", "--var-weights"),
+    "--checkpoint-path": ("--resume", "--moco-weights", "--var-weights"),
+    "--ckpt": ("--resume", "--moco-weights", "--var-weights"),
+    "--pretrained": ("--init-from", "--moco-weights"),
+    "--initial-checkpoint": ("--init-from", "--moco-weights"),
+    "--vae": ("--tokenizer-weights",),
+    "--vae-ckpt": ("--tokenizer-weights",),
+    "--var-ckpt": ("--var-weights",),
     "--max-train-steps": ("--max-steps",),
-    "--workers": ("--num-workers",),
-    "--dataloader-num-workers": ("--num-workers",),
     "--per-device-train-batch-size": ("--batch-size",),
     "--train-batch-size": ("--batch-size",),
-    "--clip-grad": ("--clip-grad-norm",),
-    "--gradient-clip-val": ("--clip-grad-norm",),
-    "--max-grad-norm": ("--clip-grad-norm",),
     "--warmup-epochs": ("--schedule.warmup-fraction",),
     "--warmup-steps": ("--schedule.warmup-fraction",),
     "--sched": ("--schedule.kind",),
@@ -744,27 +772,79 @@ FOREIGN_FLAGS: dict[str, tuple[str, ...]] = {
     "--model": ("--model", "--arch"),
     "--arch": ("--arch", "--model"),
     "--log-interval": ("--log-every",),
+    "--log-every-n-steps": ("--log-every",),
     "--save-every": ("--checkpoint-every",),
     "--save-steps": ("--checkpoint-every",),
-    "--torch-compile": ("--compile",),
+    "--log-wandb": ("--wandb",),
+    "--report-to": ("--wandb", "--tensorboard"),
     "--gpus": ("--device",),
     "--devices": ("--device",),
+    "--accelerator": ("--device",),
 }
 _FOREIGN_NOTES = {
+    "--lr": "(per 256 images in recipes with --optim.base-learning-rate; the peak rate otherwise)",
     "--mixed-precision": "(Accelerate's no / fp16 / bf16 are --precision fp32 / fp16-amp-scale / bf16-amp)",
     "--amp": "(autocast is --precision bf16-amp or fp16-amp-scale)",
+    "--amp-dtype": "(timm's float16 / bfloat16 autocast are --precision fp16-amp-scale / bf16-amp)",
     "--fp16": "(--precision fp16-amp-scale: autocast with loss scaling)",
     "--bf16": "(--precision bf16-amp)",
     "--batch-size": "(trainlab's is the global batch of one optimizer step)",
+    "--per-device-train-batch-size": "(trainlab's is the global batch of one optimizer step, all processes together)",
+    "--train-batch-size": "(trainlab's is the global batch of one optimizer step, all processes together)",
+    "--max-train-steps": "(it stops the run early; the schedule still spans --epochs)",
     "--warmup-epochs": "(a fraction of the run's optimizer steps)",
     "--warmup-steps": "(a fraction of the run's optimizer steps)",
-    "--gpus": "(one process per GPU under torchrun; --device cuda)",
-    "--devices": "(one process per GPU under torchrun; --device cuda)",
+    "--log-wandb": "(--wandb online or offline)",
+    "--gpus": "(one process per GPU under `trainlab launch --nproc-per-node N`; --device cuda)",
+    "--devices": "(one process per GPU under `trainlab launch --nproc-per-node N`; --device cuda)",
+    "--accelerator": "(--device cpu, cuda or auto)",
+    "--vae": "(the VQVAE weights, e.g. vae_ch160v4096z32.pth)",
+}
+
+# Flags of other libraries that mean exactly what a trainlab flag means: accepted as that flag where the command has
+# it (not shown by --help; one line names the trainlab spelling), never where the meaning would shift.
+FOREIGN_ALIASES: dict[str, tuple[str, str]] = {
+    "--max-epochs": ("--epochs", "Lightning's"),
+    "--num-epochs": ("--epochs", "a common"),
+    "--num-train-epochs": ("--epochs", "the HF Trainer's"),
+    "--gradient-accumulation-steps": ("--grad-accumulation", "Accelerate's"),
+    "--accumulate-grad-batches": ("--grad-accumulation", "Lightning's"),
+    "--accum-iter": ("--grad-accumulation", "MAE's"),
+    "--workers": ("--num-workers", "timm's"),
+    "--dataloader-num-workers": ("--num-workers", "the HF Trainer's"),
+    "--clip-grad": ("--clip-grad-norm", "timm's"),
+    "--gradient-clip-val": ("--clip-grad-norm", "Lightning's"),
+    "--max-grad-norm": ("--clip-grad-norm", "the HF Trainer's"),
+    "--torch-compile": ("--compile", "the HF Trainer's"),
+}
+
+# Values other libraries give a precision setting -> the trainlab mode that computes the same, answered with "did you
+# mean" (Lightning's `--precision bf16-mixed`, Accelerate's `no`, timm's `--amp-dtype bfloat16`).
+FOREIGN_VALUES: dict[str, tuple[str, str]] = {
+    "bf16-mixed": ("bf16-amp", "Lightning's bf16-mixed: autocast bf16, fp32 weights"),
+    "16-mixed": ("fp16-amp-scale", "Lightning's 16-mixed: autocast fp16, fp32 weights, loss scaling"),
+    "16": ("fp16-amp-scale", "Lightning's 16: autocast fp16, fp32 weights, loss scaling"),
+    "bf16-true": ("bf16", "Lightning's bf16-true: bf16 weights"),
+    "16-true": ("fp16", "Lightning's 16-true: fp16 weights"),
+    "32-true": ("fp32", "Lightning's 32-true"),
+    "32": ("fp32", "Lightning's 32"),
+    "64-true": ("fp64", "Lightning's 64-true"),
+    "64": ("fp64", "Lightning's 64"),
+    "no": ("fp32", "Accelerate's no"),
+    "float32": ("fp32", "float32 throughout"),
+    "float64": ("fp64", "float64 throughout"),
+    "bfloat16": ("bf16-amp", "autocast bf16; pure bf16 weights are bf16"),
+    "float16": ("fp16-amp-scale", "autocast fp16 with loss scaling; pure fp16 weights are fp16"),
 }
 
 
 def foreign_flag_hint(word: str, known: Sequence[str]) -> str:
-    """'did you mean ...?' for a flag spelled as another library spells it, or '' (see `FOREIGN_FLAGS`)."""
+    """'did you mean ...?' for a flag spelled as another library spells it, or '' (see `FOREIGN_FLAGS`).
+
+    Args:
+        word: the unrecognized word (`--lr`, `--lr=3`, `--batch_size`).
+        known: the flags the parser shows (its current spellings).
+    """
     flag = word.split("=", 1)[0]
     dashed = "--" + flag.lstrip("-").replace("_", "-")
     if dashed != flag and dashed in known:
@@ -776,20 +856,46 @@ def foreign_flag_hint(word: str, known: Sequence[str]) -> str:
     return f"did you mean {candidates[0]}?" + (f" {note}" if note else "")
 
 
+def foreign_value_hint(value: str, choices: Sequence[str]) -> str:
+    """'did you mean bf16-amp? (...)' for a precision value spelled as another library spells it (`FOREIGN_VALUES`),
+    or '' when it is none or its trainlab mode is not among `choices`."""
+    target, note = FOREIGN_VALUES.get(value, ("", ""))
+    return f"did you mean {target}? ({note})" if target in choices else ""
+
+
+def _flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Every `--flag` the parser accepts -> the spelling `--help` shows for its setting (a former or foreign spelling
+    maps to the current one, so a near miss is never answered with a spelling on its way out)."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        flags = [s for s in action.option_strings if s.startswith("--")]
+        if not flags:
+            continue
+        current = getattr(action, "replacement", "") or flags[0]
+        names.update({flag: current for flag in flags})
+    return names
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
+        names = _flag_names(self)
+        shown = sorted(set(names.values()))
         if message.startswith("unrecognized arguments:"):
-            known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
             words = [w for w in message.split(":", 1)[1].split() if w.startswith("-")]
             hints = []
             for word in words:
-                hint = foreign_flag_hint(word, known)
-                close = _close_flag(word, known)
+                hint = foreign_flag_hint(word, shown)
+                close = _close_flag(word, list(names))
                 hints.append(
-                    f"{word.split('=', 1)[0]}: {hint}" if hint else f"did you mean {close[0]}?" if close else ""
+                    f"{word.split('=', 1)[0]}: {hint}" if hint else f"did you mean {names[close[0]]}?" if close else ""
                 )
             hints = [h for h in hints if h]
             message += "; " + " ".join(hints) if hints else ""
+        elif "invalid choice:" in message:
+            value = message.split("invalid choice:", 1)[1].strip().split(" (choose from", 1)[0].strip("'\"")
+            choices = message.split("(choose from", 1)[1] if "(choose from" in message else ""
+            hint = foreign_value_hint(value, [c.strip(" '\")") for c in choices.split(",")])
+            message += f"; {hint}" if hint else ""
         raise UsageError(f"{message}; see `{self.prog} --help`")
 
 
@@ -798,13 +904,62 @@ def _close_flag(word: str, known: Sequence[str]) -> list[str]:
     return difflib.get_close_matches(word.split("=", 1)[0], list(known), n=1, cutoff=0.8)
 
 
+class _ForeignFlag(argparse.Action):
+    """Stores like the trainlab flag of the same meaning and says, in one line, how trainlab spells it."""
+
+    replacement = ""
+    origin = ""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        log.info("%s (%s spelling) is read as %s", option_string, self.origin, self.replacement)
+        setattr(namespace, self.dest, values)
+
+
+def _add_foreign_aliases(parser: argparse.ArgumentParser) -> None:
+    """Accept `FOREIGN_ALIASES` where the parser has their trainlab flag (hidden from --help)."""
+    by_flag = {s: action for action in parser._actions for s in action.option_strings}
+    for alias, (target, origin) in FOREIGN_ALIASES.items():
+        action = by_flag.get(target)
+        if action is None or alias in by_flag:
+            continue
+        parser.add_argument(
+            alias,
+            dest=action.dest,
+            default=argparse.SUPPRESS,
+            nargs=action.nargs,
+            const=action.const,
+            choices=action.choices,
+            metavar=action.metavar,
+            help=argparse.SUPPRESS,
+            action=type("_Foreign", (_ForeignFlag,), {"replacement": target, "origin": origin}),
+        )
+
+
 def build_parser(
-    cls: type, prog: str, description: str, epilog: str = "", auto: Mapping[str, Auto[Any]] | None = None
+    cls: type,
+    prog: str,
+    description: str,
+    epilog: str = "",
+    auto: Mapping[str, Auto[Any]] | None = None,
+    usage: str | None = None,
 ) -> argparse.ArgumentParser:
     """An argparse parser with one flag (or positional) per (nested) dataclass field, plus `--config` and
-    `--print-config`. Parse errors raise `UsageError` instead of exiting. `auto` adds its help to those fields."""
+    `--print-config`. Parse errors raise `UsageError` instead of exiting. `auto` adds its help to those fields;
+    `usage` replaces argparse's generated usage line. Flags of other libraries that mean the same as one of the
+    parser's (`FOREIGN_ALIASES`) are accepted as it, hidden from `--help`."""
     parser = _Parser(
-        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        usage=usage,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # `--epoch` is not silently `--epochs`: a near miss is answered with "did you mean"
     )
     parser.add_argument(
         "--config",
@@ -816,14 +971,24 @@ def build_parser(
         "--print-config", action="store_true", help="print the resolved config as YAML and exit without running"
     )
     _add_arguments(parser, cls, auto=auto)
+    _add_foreign_aliases(parser)
     return parser
+
+
+def flags_help(cls: type) -> str:
+    """The `--help` lines of `cls`'s flags alone (no usage line, no --config / --print-config): for a command that
+    shows its own flags above another config's (`trainlab plan RECIPE --help`)."""
+    parser = argparse.ArgumentParser(add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(parser, cls)
+    options = parser.format_help().split("\n\n", 1)[1]  # after the usage line: `options:` and the flags
+    return options.split("\n", 1)[1].rstrip()
 
 
 def _command_line_name(dotted: str, f: dataclasses.Field[Any]) -> str:
     """How the user spells a field: `RUN_DIR`, `--seed`, or `--var-weights/--var` with its aliases."""
     if f.metadata.get("positional"):
         return str(f.metadata.get("metavar") or dotted.upper())
-    return "/".join([_flag(dotted), *f.metadata.get("aliases", ())])
+    return "/".join([field_flag(dotted, f), *f.metadata.get("aliases", ())])
 
 
 def parse(
@@ -833,6 +998,7 @@ def parse(
     description: str = "",
     epilog: str = "",
     auto: Mapping[str, Auto[T]] | None = None,
+    usage: str | None = None,
 ) -> T:
     """Parse `argv` into `cls`: defaults < `--config` YAML < flags, then the config's `validate()`.
 
@@ -846,11 +1012,12 @@ def parse(
         description: the `--help` summary; defaults to the first line of `cls`'s docstring.
         epilog: text shown after the options by `--help` (kept as written).
         auto: top-level field name -> `Auto`: the field also accepts `auto`, resolved before `--print-config`.
+        usage: the `--help` usage line, instead of argparse's list of every flag.
 
     Raises:
         UsageError: a bad flag, value, key or config file, or a missing required field.
     """
-    parser = build_parser(cls, prog, description or (cls.__doc__ or "").strip().splitlines()[0], epilog, auto)
+    parser = build_parser(cls, prog, description or (cls.__doc__ or "").strip().splitlines()[0], epilog, auto, usage)
     namespace = vars(parser.parse_args(list(argv)))
     config_path = namespace.pop("config")
     print_config = namespace.pop("print_config")

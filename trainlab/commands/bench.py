@@ -2,10 +2,12 @@
 
 Trains the same model under every precision mode the device can run (x seeds), each in a fresh process so peak
 memory is that run's own (CUDA max allocated/reserved on GPU, peak RSS on CPU), then writes a results table
-(markdown + CSV: OUT_DIR/results.md, results.csv) and comparison plots (OUT_DIR/plots/) through `trainlab report`'s
-own code, and `bench.json` (its runs, by mode): `trainlab report OUT_DIR` later updates those same files. Extra
-`trainlab train cifar` flags can follow `--`. The output folder is checked before the first run; a warning that
-every mode would print (fp16 on a CPU) is printed once, with the modes it concerns.
+(markdown + CSV: RUN_DIR/results.md, results.csv) and comparison plots (RUN_DIR/plots/) through `trainlab report`'s
+own code, and `bench.json` (its runs, by mode): `trainlab report RUN_DIR` later updates those same files. Each run
+is a run directory under RUN_DIR/runs/; launched again, the bench skips the finished ones and resumes the others.
+Extra `trainlab train cifar` flags can follow `--`. The run directory is checked and locked before the first run
+(a second bench on it stops at once); a warning that every mode would print (fp16 on a CPU) is printed once, with
+the modes it concerns.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import torch
-
 from trainlab.config import option, parse
-from trainlab.engine.precision import LAB_PRECISIONS, Precision, PrecisionName, check_device_support
+from trainlab.data.cifar_config import CifarData, upgrade_fake_data
+from trainlab.engine.device import DEVICE_HELP
+from trainlab.engine.precision_names import LAB_PRECISIONS, PrecisionName
+from trainlab.engine.run_lock import RunDirLock
 from trainlab.errors import UsageError, check_output_path
+from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
 
 log = logging.getLogger(__name__)
 
@@ -35,25 +39,33 @@ SHOWN_ENV = "TRAINLAB_BENCH_SHOWN"  # JSON list of the warnings the bench printe
 class PrecisionBenchConfig:
     """Run the CIFAR-10 recipe under every precision mode, then tabulate and plot."""
 
-    model: str = option("resnet18", "model name (see `trainlab train cifar --help`)")
+    model: CifarModel = option(
+        "cifar_resnet18", "the CIFAR recipe's --model (registry name)", deprecated_values=FORMER_CIFAR_NAMES
+    )
     epochs: int = option(30, "epochs per run", ge=1)
-    seeds: int = option(1, "seeds per precision mode (mean ± std across them)", ge=1)
+    num_seeds: int = option(
+        1, "seeds per precision mode, 0 .. N-1 (mean ± std across them)", metavar="N", ge=1, deprecated=("--seeds",)
+    )
     modes: list[PrecisionName] = option(list(LAB_PRECISIONS), "precision modes to run")
-    out_dir: Path = option(Path("runs/bench-precision"), "where the runs, table and plots go")
-    device: str = option("auto", "cpu, cuda, cuda:N or auto")
+    run_dir: Path = option(
+        Path("runs/bench-precision"),
+        "the bench's folder: its runs (runs/), results table, plots and bench.json; launched again, it resumes",
+        metavar="DIR",
+        deprecated=("--out-dir",),
+    )
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(128, "global batch size", gt=0)
     learning_rate: float = option(0.1, "peak learning rate", gt=0)
-    data_root: Path = option(Path("data/cifar10"), "folder holding cifar-10-batches-py/")
-    fake_data: int = option(0, "N > 0: use a synthetic CIFAR-format set of N images (quick checks)", ge=0)
+    data: CifarData = option(CifarData(), "which images (as `trainlab train cifar`; fake: quick checks)")
     max_steps: int = option(-1, "stop each run after this many optimizer steps (-1: all epochs)", ge=1, sentinels=(-1,))
     log_every: int = option(10, "training-metric logging interval (steps)", ge=1)
     num_workers: int = option(2, "DataLoader workers per run", ge=0)
+    fake_data: int = option(
+        0, "former spelling (until the next release): N > 0 is --data.kind fake --data.fake-size N", ge=0
+    )
 
     def validate(self) -> None:
-        from trainlab.models.registry import list_models
-
-        if self.model not in list_models():  # a registry, not a Literal: models register themselves
-            raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
+        self.data, self.fake_data = upgrade_fake_data(self.data, self.fake_data), 0
 
 
 class _Collect(logging.Handler):
@@ -84,7 +96,8 @@ def _collect_warnings() -> Iterator[_Collect]:
 def runnable_modes(modes: Sequence[str], device_name: str) -> tuple[list[str], list[str]]:
     """The modes this device can run (the others are skipped with a logged reason, never silently), and the warnings
     their checks gave, each logged once with the modes it concerns (rather than once per mode and again per run)."""
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
+    from trainlab.engine.precision import Precision, check_device_support
 
     device = resolve_device(device_name)
     keep = []
@@ -134,25 +147,35 @@ def _train_command(cfg: PrecisionBenchConfig, mode: str, seed: int, run_dir: Pat
     return [
         sys.executable, "-m", "trainlab.commands.bench", "train", "cifar",
         "--model", cfg.model, "--precision", mode, "--seed", str(seed), "--epochs", str(cfg.epochs),
-        "--batch-size", str(cfg.batch_size), "--learning-rate", str(cfg.learning_rate), "--device", cfg.device,
-        "--data-root", str(cfg.data_root), "--fake-data", str(cfg.fake_data), "--max-steps", str(cfg.max_steps),
+        "--batch-size", str(cfg.batch_size), "--optim.learning-rate", str(cfg.learning_rate), "--device", cfg.device,
+        "--data.kind", cfg.data.kind, "--data.root", str(cfg.data.root), "--data.fake-size", str(cfg.data.fake_size),
+        "--data.train-limit", str(cfg.data.train_limit), "--data.eval-limit", str(cfg.data.eval_limit),
+        "--data.download", str(cfg.data.download).lower(), "--max-steps", str(cfg.max_steps),
         "--log-every", str(cfg.log_every), "--num-workers", str(cfg.num_workers), "--run-dir", str(run_dir),
         "--resume", "auto", *extra,
     ]  # fmt: skip
 
 
 def run_precision_bench(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
+    """Run every mode x seed not finished yet, then write the report; the bench's run directory is locked throughout
+    (taken before anything runs: a second bench on the same folder stops at once)."""
+    check_output_path("--run-dir", cfg.run_dir, is_dir=True)  # before minutes of training, not after
+    with RunDirLock(cfg.run_dir):
+        return _run_locked(cfg, extra)
+
+
+def _run_locked(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
+    import torch
+
     from trainlab.commands.report import BENCH_MANIFEST, ReportPlan, write_report
 
-    check_output_path("--out-dir", cfg.out_dir, is_dir=True)  # before minutes of training, not after
     modes, shown = runnable_modes(cfg.modes, cfg.device)
     if not modes:
         raise UsageError("none of the requested precision modes can run on this device")
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[Path]] = {}
     for mode in modes:
-        for seed in range(cfg.seeds):
-            run_dir = cfg.out_dir / "runs" / f"{cfg.model}-{mode}-seed{seed}"
+        for seed in range(cfg.num_seeds):
+            run_dir = cfg.run_dir / "runs" / f"{cfg.model}-{mode}-seed{seed}"
             metrics = run_dir / "metrics.jsonl"
             done = metrics.is_file() and '"kind": "summary"' in metrics.read_text(errors="replace")
             if not done:
@@ -165,19 +188,19 @@ def run_precision_bench(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
                         f"see its output above and {run_dir}"
                     )
             groups.setdefault(mode, []).append(run_dir)
-    manifest = {label: [str(d.relative_to(cfg.out_dir)) for d in dirs] for label, dirs in groups.items()}
-    (cfg.out_dir / BENCH_MANIFEST).write_text(json.dumps({"groups": manifest}, indent=2) + "\n")
+    manifest = {label: [str(d.relative_to(cfg.run_dir)) for d in dirs] for label, dirs in groups.items()}
+    (cfg.run_dir / BENCH_MANIFEST).write_text(json.dumps({"groups": manifest}, indent=2) + "\n")
     run_dirs = [d for dirs in groups.values() for d in dirs]
-    paths = write_report(ReportPlan(run_dirs, groups, cfg.out_dir / "plots", cfg.out_dir))
+    paths = write_report(ReportPlan(run_dirs, groups, cfg.run_dir / "plots", cfg.run_dir))
     device = "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
-    (cfg.out_dir / "environment.txt").write_text(
+    (cfg.run_dir / "environment.txt").write_text(
         f"device: {device}\ntorch: {torch.__version__}\nthreads: {torch.get_num_threads()}\n"
     )
-    print((cfg.out_dir / "results.md").read_text())
+    print((cfg.run_dir / "results.md").read_text())
     for path in paths:
         if path.suffix == ".png":
             print(path)
-    return cfg.out_dir
+    return cfg.run_dir
 
 
 def main(argv: list[str]) -> int:

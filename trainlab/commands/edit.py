@@ -1,8 +1,10 @@
 """`trainlab edit`: zero-shot in-painting, out-painting and class-conditional editing with a VAR checkpoint pair.
 
-    trainlab edit --vae vae_ch160v4096z32.pth --var var_d16.pth --image in.png --mask mask.png --out grid.png
-    trainlab edit --vae ... --var ... --image in.png --box 64 128 192 256 --mode edit --class 207 --out grid.png
-    trainlab edit --vae ... --var ... --image in.png --mode outpaint --pad 32 --out grid.png
+    trainlab edit --tokenizer-weights vae_ch160v4096z32.pth --var-weights var_d16.pth --image in.png \\
+        --mask mask.png --out grid.png
+    trainlab edit --tokenizer-weights ... --var-weights ... --image in.png --box 64 128 192 256 --mode edit \\
+        --class 207 --out grid.png
+    trainlab edit --tokenizer-weights ... --var-weights ... --image in.png --mode outpaint --pad 32 --out grid.png
 
 The image is preprocessed like the tokenizer's data (shorter side resized to 1.125 x the side with LANCZOS, then a
 center crop); the mask (white = regenerate: gray levels >= 128 count as white) or the --box (x0 y0 x1 y1, pixels of
@@ -14,10 +16,10 @@ inpaint / outpaint are unconditional (the null class, as in the VAR paper) unles
 --class, which conditions the regenerated region.
 
 Output: one grid row: the original as preprocessed (the padded canvas for outpaint), the mask over it in red, then
---n results. Result i uses seed --seed + i and is sampled alone (a batch of one), so it does not depend on --n and
-equals `edit_images(..., seed=seed + i)` on that image. --save-tokens writes a list of int64 (n, pn, pn), one per
-scale. The command logs how far the edit bleeds into the kept region: the largest |result - reconstruction of the
-original| (pixel values in [0, 1]) at each Chebyshev distance from the mask.
+--num-results results. Result i uses seed --seed + i and is sampled alone (a batch of one), so it does not depend on
+--num-results and equals `edit_images(..., seed=seed + i)` on that image. --save-tokens writes a list of int64
+(n, pn, pn), one per scale. The command logs how far the edit bleeds into the kept region: the largest |result -
+reconstruction of the original| (pixel values in [0, 1]) at each Chebyshev distance from the mask.
 """
 
 from __future__ import annotations
@@ -25,15 +27,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Literal
-
-import torch
-import torch.nn.functional as F
-from PIL import Image
+from typing import TYPE_CHECKING, Literal
 
 from trainlab.commands.sample import MAX_GUIDANCE
 from trainlab.config import option, parse
+from trainlab.engine.device import DEVICE_HELP
 from trainlab.errors import UsageError
+
+if TYPE_CHECKING:  # imported where used: parsing the flags (and refusing bad ones) loads neither
+    import torch
+    from PIL import Image
 
 # Shape legend: N results, H/W image side (R), 3 RGB channels, B a batch (here 1).
 
@@ -46,27 +49,38 @@ Mode = Literal["inpaint", "outpaint", "edit"]
 class EditConfig:
     """Regenerate the masked part of an image with VAR (in-painting, out-painting, class-conditional editing)."""
 
-    vae_weights: Path = option(help="VQVAE weights, e.g. vae_ch160v4096z32.pth", metavar="PATH", aliases=("--vae",))
-    var_weights: Path = option(help="VAR weights, e.g. var_d16.pth", metavar="PATH", aliases=("--var",))
+    tokenizer_weights: Path = option(
+        help="tokenizer (VQVAE) weights: vae_ch160v4096z32.pth, or a trainlab tokenizer export or checkpoint",
+        metavar="PATH",
+        deprecated=("--vae-weights", "--vae"),
+    )
+    var_weights: Path = option(
+        help="VAR weights: var_d16.pth, or a trainlab VAR export or checkpoint", metavar="PATH", deprecated=("--var",)
+    )
     image: Path = option(help="the image to edit (any size; resized and center-cropped)", metavar="PNG")
     mask: Path | None = option(None, "mask image: white = regenerate", metavar="PNG")
     box: list[int] | None = option(None, "rectangle to regenerate: x0 y0 x1 y1 in input pixels", metavar="PX", ge=0)
     label: int | None = option(
-        None, "class id conditioning the new content (none: unconditional)", aliases=("--class",), ge=0
+        None,
+        "class id conditioning the new content (none: unconditional)",
+        metavar="ID",
+        flag="--class",
+        deprecated=("--label",),
+        ge=0,
     )
     mode: Mode = option("inpaint", "inpaint / outpaint: unconditional unless --class; edit: needs --class")
     pad: int = option(0, "outpaint only: pixels of new border around the (shrunk) image", metavar="P", ge=0)
     seed: int = option(0, "result i uses seed + i", ge=0, lt=2**63)
     guidance: float = option(
-        1.5, "classifier-free guidance scale", metavar="SCALE", aliases=("--cfg",), ge=0, le=MAX_GUIDANCE
+        1.5, "classifier-free guidance scale", metavar="SCALE", ge=0, le=MAX_GUIDANCE, deprecated=("--cfg",)
     )
     top_k: int = option(900, "keep the K most likely tokens, 0 = all", metavar="K", ge=0)
     top_p: float = option(0.96, "nucleus mass, 1 = off", metavar="P", gt=0, le=1)
     more_smooth: bool = option(False, "Gumbel-softmax code mixing inside the mask (kept tokens stay hard)")
-    num_results: int = option(4, "results in the grid", metavar="N", aliases=("--n",), ge=1)
+    num_results: int = option(4, "results in the grid", metavar="N", ge=1, deprecated=("--n",))
     out: Path = option(help="the grid: original, mask overlay, results", metavar="PNG")
     save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
-    device: str = option("auto", "torch device: cpu, cuda, cuda:N or auto (cuda if available, else cpu)")
+    device: str = option("auto", DEVICE_HELP)
 
     def validate(self) -> None:
         from trainlab.commands.sample import _check_writable
@@ -109,6 +123,8 @@ def _open(path: Path, flag: str, mode: str) -> Image.Image:
 
 def _mask_image(config: EditConfig, size: tuple[int, int]) -> Image.Image:
     """The mask at the input image's size (W, H), 8-bit gray, white = regenerate."""
+    from PIL import Image
+
     if config.box is not None:
         x0, y0, x1, y1 = config.box
         W, H = size
@@ -132,23 +148,25 @@ def load_inputs(config: EditConfig, side: int) -> tuple[torch.Tensor, torch.Tens
     Raises:
         UsageError: unreadable files, a box outside the image, a pad too large, or a mask that marks nothing.
     """
+    import torch
+    import torch.nn.functional as F
     import torchvision.transforms.functional as TF
     from torchvision.transforms import InterpolationMode
 
-    from trainlab.data.image_folder import RESIZE_RATIO, preprocess
+    from trainlab.data.transforms import RESIZE_RATIO, var_resize_crop
 
     image = _open(config.image, "--image", "RGB")
     if config.pad:
         inner = side - 2 * config.pad
         if inner < 1:
             raise UsageError(f"--pad {config.pad} leaves no image on a {side}x{side} canvas: use --pad < {side / 2:g}")
-        inner_3hw = preprocess(image, inner, crop="center", flip="none")
+        inner_3hw = var_resize_crop(image, inner, crop="center", flip="none")
         pads = (config.pad,) * 4
         img_3HW = F.pad(inner_3hw.unsqueeze(0), pads, mode="replicate")[0]
         mask_HW = torch.ones(side, side, dtype=torch.bool)
         mask_HW[config.pad : side - config.pad, config.pad : side - config.pad] = False
     else:
-        img_3HW = preprocess(image, side, crop="center", flip="none")
+        img_3HW = var_resize_crop(image, side, crop="center", flip="none")
         mask = _mask_image(config, image.size)
         mask = TF.resize(mask, round(RESIZE_RATIO * side), interpolation=InterpolationMode.BILINEAR)
         mask_HW = TF.pil_to_tensor(TF.center_crop(mask, [side, side]))[0] >= 128
@@ -160,6 +178,9 @@ def load_inputs(config: EditConfig, side: int) -> tuple[torch.Tensor, torch.Tens
 # ------------------------------------------------------------------------------------------------ outputs
 def distance_from_mask(mask_B1HW: torch.Tensor) -> torch.Tensor:
     """Chebyshev distance (pixels) of every pixel to the nearest masked one, (B, 1, H, W) int64; 0 inside the mask."""
+    import torch
+    import torch.nn.functional as F
+
     grown_B1HW = mask_B1HW.float()
     dist_B1HW = torch.where(mask_B1HW, 0, -1).long()
     d = 0
@@ -180,6 +201,8 @@ def seam_bleed(results_N3HW: torch.Tensor, recon_13HW: torch.Tensor, mask_11HW: 
 
 
 def _overlay(img_13HW: torch.Tensor, mask_11HW: torch.Tensor) -> torch.Tensor:
+    import torch
+
     red_13HW = torch.tensor([1.0, 0.0, 0.0]).view(1, 3, 1, 1).expand_as(img_13HW)
     return torch.where(mask_11HW, 0.5 * img_13HW + 0.5 * red_13HW, img_13HW)
 
@@ -189,19 +212,22 @@ def main(argv: list[str]) -> int:
     """Run `trainlab edit`; returns the exit code (errors raise UsageError)."""
     config = parse(EditConfig, argv, prog="trainlab edit", epilog=__doc__ or "")
 
+    import torch
+
     from trainlab.commands.sample import _save_grid, check_tokenizer_matches
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
+    from trainlab.models.var.convert import load_official, read_state_dict
     from trainlab.models.var.edit import edit_tokens, encode_tokens, kept_token_maps
-    from trainlab.models.var.loading import load_official, read_state_dict
 
     device = resolve_device(config.device)
-    vqvae, var = load_official(config.vae_weights, config.var_weights)
-    check_tokenizer_matches(config.var_weights, config.vae_weights, vqvae)
-    hits = read_state_dict(config.vae_weights, "VQVAE").get("quantize.ema_vocab_hit_SV")  # one row per scale
+    vqvae, var = load_official(config.tokenizer_weights, config.var_weights)
+    check_tokenizer_matches(config.var_weights, config.tokenizer_weights, vqvae)
+    hits = read_state_dict(config.tokenizer_weights, "VQVAE").get("quantize.ema_vocab_hit_SV")  # one row per scale
     ema_rows = len(var.patch_nums) if hits is None else int(hits.shape[0])
     if ema_rows != len(var.patch_nums):
         raise UsageError(
-            f"--vae {config.vae_weights} was built for {ema_rows} scales but --var {config.var_weights} has "
+            f"--tokenizer-weights {config.tokenizer_weights} was built for {ema_rows} scales but --var-weights "
+            f"{config.var_weights} has "
             f"{len(var.patch_nums)} (patch_nums={var.patch_nums}): pass the tokenizer the VAR was trained with"
         )
     if config.label is not None and not 0 <= config.label < var.num_classes:

@@ -1,23 +1,24 @@
 """`trainlab eval knn|linear-probe|fid|judge`: evaluate a MoCo v3 backbone, or put numbers on generated samples.
 
 MoCo v3 backbones (trainlab run or official):
-trainlab eval knn --checkpoint runs/moco/ckpt/last.pt --data digits --image-size 16
-trainlab eval knn --checkpoint '' --arch resnet_debug --data digits      (random-init baseline)
-trainlab eval knn --features pixels --data digits                        (raw-pixel baseline)
-trainlab eval linear-probe --checkpoint checkpoint_0099.pth.tar --data cifar10 --image-size 32
-trainlab eval linear-probe --checkpoint CKPT --data image-folder --data-root /data/imagenet --image-size 224
+trainlab eval knn --moco-weights runs/moco/ckpt/last.pt --data.kind digits --image-size 16
+trainlab eval knn --moco-weights '' --model tv_resnet_debug --data.kind digits  (random-init baseline)
+trainlab eval knn --features pixels --data.kind digits                          (raw-pixel baseline)
+trainlab eval linear-probe --moco-weights checkpoint_0099.pth.tar --data.kind cifar10 --image-size 32
+trainlab eval linear-probe --moco-weights CKPT --data.kind image-folder --data.root /data/imagenet --image-size 224
     (<root>/train/<class>/*, <root>/val/<class>/*: train RandomResizedCrop + flip, eval Resize + CenterCrop)
---data, --image-size and --data-root default to what the checkpoint was pretrained with (a trainlab run records them,
-an official ViT's position table fixes its side), else digits at 16 px; a value given that differs is used, with a
-warning. linear-probe prints its result only when training ended with an evaluation of the last epoch: stopped
-earlier (--max-steps, SIGTERM), it says so (the same command resumes).
+--data.kind, --data.root and --image-size default to what the checkpoint was pretrained with (a trainlab run records
+them, an official ViT's position table fixes its side), else digits at 16 px; a value given that differs is used,
+with a warning. --data.eval-limit N caps the images of each split (kNN: bank and queries; linear-probe: the test
+images, --data.train-limit the training ones). linear-probe prints its result only when training ended with an
+evaluation of the last epoch: stopped earlier (--max-steps, SIGTERM), it says so (the same command resumes).
 
 Generated samples (a folder of PNGs or an .npz with uint8 (N, H, W, 3) under arr_0, e.g. `trainlab sample --out-dir`):
 trainlab eval fid --samples samples/ --reference VIRTUAL_imagenet256_labeled.npz --inception-weights inception.pth
     FID, Inception Score, precision/recall through torch-fidelity, Inception weights from the local file only; the
     reference's statistics are cached next to it (REF.fidelity-cache/); see trainlab/evaluate/fidelity.py
-trainlab eval judge --samples samples/ --judge runs/demo/judge.safetensors
-    the demo judge's accuracy against the labels in the file names (NNNNNN_cCCCC.png), overall and per class
+trainlab eval judge --samples samples/ --judge-weights runs/demo/judge.safetensors
+    the digit judge's accuracy against the labels in the file names (NNNNNN_cCCCC.png), overall and per class
 Each prints one JSON line.
 """
 
@@ -29,71 +30,96 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from trainlab.config import option, parse
+from trainlab.data.config import check_image_size, eval_limit_option
+from trainlab.engine.device import DEVICE_HELP
 from trainlab.errors import UsageError
-from trainlab.models.moco import MocoArch
-from trainlab.recipes.linear_probe import DEFAULT_DATA, DEFAULT_IMAGE_SIZE
-from trainlab.recipes.moco import SslData, check_image_size, check_knn_k
+from trainlab.models.backbones.vit import check_vit_image_size
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
+from trainlab.recipes.linear_probe import DEFAULT_IMAGE_SIZE, DEFAULT_KIND, ProbeData
+from trainlab.recipes.moco import check_knn_k
+
+
+@dataclasses.dataclass(kw_only=True)
+class KnnData(ProbeData):
+    """The images of a kNN evaluation: the training split is the bank, the held-out split the queries."""
+
+    eval_limit: int = eval_limit_option(
+        0, "images each in the bank (training split) and the queries (held-out split)", deprecated=("--subset",)
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.train_limit:
+            raise UsageError("--data.train-limit: a kNN evaluation trains nothing; --data.eval-limit caps the bank")
+
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclasses.dataclass(kw_only=True)
 class KnnConfig:
     """Weighted kNN accuracy (cosine, k=200, T=0.1) of backbone features: held-out images against the train split."""
 
-    checkpoint: str = option("", "MoCo checkpoint (official main_moco.py or trainlab ckpt/last.pt); '': random init")
-    features: Literal["backbone", "pixels"] = option("backbone", "backbone features, or raw pixels (baseline)")
-    arch: MocoArch = option("resnet_debug", "backbone when --checkpoint is '' (the random-init baseline)")
-    data: SslData | None = option(
-        None, "digits, cifar10 or image-folder (data_root/train, data_root/val); default: the checkpoint's, else digits"
+    moco_weights: str = option(
+        "",
+        "MoCo weights: an official main_moco.py checkpoint or a trainlab run's ckpt/last.pt; '': random init",
+        metavar="PATH",
+        deprecated=("--checkpoint",),
     )
-    data_root: Path | None = option(
-        None, "cifar10: folder with cifar-10-batches-py/; image-folder: root; default: the checkpoint's, else "
-        "data/cifar10",
-    )  # fmt: skip
+    features: Literal["backbone", "pixels"] = option("backbone", "backbone features, or raw pixels (baseline)")
+    model: MocoBackbone = option(
+        "tv_resnet_debug",
+        "backbone (registry name) when --moco-weights is '' (the random-init baseline)",
+        deprecated=("--arch",),
+        deprecated_values=FORMER_MOCO_BACKBONES,
+    )
+    data: KnnData = option(KnnData(), "which images (default: the backbone's pretraining data)")
     image_size: int | None = option(None, "input side; default: the checkpoint's pretraining side, else 16", ge=1)
     k: int = option(200, "neighbours", ge=1)
     temperature: float = option(
         0.1, "temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
     )
-    subset: int = option(0, "N > 0: first N images of each split (0: all)", ge=0)
-    seed: int = option(0, "seed of the random init and of the digits split", ge=0, lt=2**63)
-    device: str = option("cpu", "cpu or cuda")
+    seed: int = option(0, "seed of the random init", ge=0, lt=2**63)
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(256, "feature-extraction batch size", ge=1)
 
     def validate(self) -> None:
         # what is known before a checkpoint is read: the given values, or the defaults where none will be read
-        from_checkpoint = self.features == "backbone" and bool(self.checkpoint)
-        data = self.data or (None if from_checkpoint else DEFAULT_DATA)
+        from_checkpoint = self.features == "backbone" and bool(self.moco_weights)
+        kind = self.data.kind or (None if from_checkpoint else DEFAULT_KIND)
         size = self.image_size or (None if from_checkpoint else DEFAULT_IMAGE_SIZE)
-        random_backbone = self.features == "backbone" and not self.checkpoint
-        if data is not None and size is not None:
-            check_image_size(data, size, self.arch if random_backbone else None)
-        if data is not None:
-            check_knn_k(self.k, "--k", data, self.subset, "--subset")
+        if size is not None:
+            check_image_size(kind, size)
+            if self.features == "backbone" and not self.moco_weights:  # a random-init backbone of --model
+                check_vit_image_size(self.model, size)
+        check_knn_k(self.k, "--k", kind, self.data.eval_limit)
 
 
 def _knn(argv: list[str]) -> int:
-    from trainlab.engine.loop import resolve_device
+    import torch
+
+    from trainlab.data.sources import eval_images
+    from trainlab.engine.device import resolve_device
     from trainlab.recipes.linear_probe import load_backbone, resolve_eval_data
-    from trainlab.recipes.moco import knn_of_features, load_eval_images
+    from trainlab.recipes.moco import knn_of_features
 
     c = parse(KnnConfig, argv, prog="trainlab eval knn")
     torch.manual_seed(c.seed)
     device = resolve_device(c.device)
-    checkpoint = c.checkpoint if c.features == "backbone" else ""
-    d = resolve_eval_data(checkpoint, c.data, c.image_size, c.data_root)
-    check_knn_k(c.k, "--k", d.data, c.subset, "--subset")  # the data set may have come from the checkpoint
-    images = load_eval_images(d.data, d.data_root, d.image_size, c.seed, c.subset)
+    checkpoint = c.moco_weights if c.features == "backbone" else ""
+    data, side = resolve_eval_data(checkpoint, c.data, c.image_size)
+    check_knn_k(c.k, "--k", data.kind, data.eval_limit)  # the kind may have come from the checkpoint
+    images = eval_images(data.resolved(), side)
     features: Callable[[torch.Tensor], torch.Tensor]
     if c.features == "pixels":
         source = "raw pixels"
         features = partial(torch.flatten, start_dim=1)
     else:
-        model, source = load_backbone(c.checkpoint, c.arch, d.image_size)
+        model, source = load_backbone(c.moco_weights, c.model, side)
         model = model.to(device).eval()
         features = model.features
     acc = knn_of_features(features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature)
@@ -106,8 +132,8 @@ def _knn(argv: list[str]) -> int:
                 "temperature": c.temperature,
                 "bank": int(images.bank_N3HW.shape[0]),
                 "queries": int(images.query_N3HW.shape[0]),
-                "data": d.data,
-                "image_size": d.image_size,
+                "data": data.kind,
+                "image_size": side,
             }
         )
     )
@@ -173,7 +199,7 @@ class FidConfig:
     feature_dims: Literal["2048", "768", "192", "64"] = option(
         "2048", "Inception features of FID and precision/recall: 2048 = standard FID; fewer for small sets"
     )
-    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda if available, else cpu")
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(64, "images per Inception forward pass", metavar="B", ge=1)
     decode_workers: bool = option(True, "decode images in torch-fidelity's DataLoader workers (false: in-process)")
     isc_splits: int = option(
@@ -184,16 +210,21 @@ class FidConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class JudgeConfig:
-    """The demo judge's accuracy on a labelled sample folder (labels from NNNNNN_cCCCC.png names)."""
+    """The digit judge's accuracy on a labelled sample folder (labels from NNNNNN_cCCCC.png names)."""
 
     samples: Path = option(
         help="labelled images: a folder of NNNNNN_cCCCC.png, or an .npz (arr_0, arr_1)", metavar="DIR|NPZ"
     )
-    judge: Path = option(help="the demo's judge, e.g. runs/demo/judge.safetensors", metavar="PATH")
-    device: str = option("cpu", "cpu or cuda")
+    judge_weights: Path = option(
+        help="a digit judge (trainlab train judge), e.g. runs/demo/judge.safetensors",
+        metavar="PATH",
+        deprecated=("--judge",),
+    )
+    device: str = option("auto", DEVICE_HELP)
 
 
 def _fid(argv: list[str]) -> int:
+    from trainlab.engine.device import resolve_device
     from trainlab.evaluate.fidelity import (
         compare_image_sets,
         file_sha256,
@@ -203,10 +234,7 @@ def _fid(argv: list[str]) -> int:
     from trainlab.evaluate.image_sets import read_image_set
 
     c = parse(FidConfig, argv, prog="trainlab eval fid")
-    if c.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: CUDA is not available here; use --device cpu (or auto)")
-    use_cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = resolve_device(c.device)
     samples = read_image_set(c.samples, flag="--samples")
     reference = read_image_set(c.reference, flag="--reference")
     read_reference_mu_sigma(reference)  # a malformed reference batch fails before the network is loaded
@@ -228,13 +256,13 @@ def _fid(argv: list[str]) -> int:
 
 
 def _judge(argv: list[str]) -> int:
-    from trainlab.demo.judge import load_judge
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
     from trainlab.evaluate.image_sets import read_image_set
     from trainlab.evaluate.judge_accuracy import judged_accuracy
+    from trainlab.models.digit_judge import load_judge
 
     c = parse(JudgeConfig, argv, prog="trainlab eval judge")
-    judge = load_judge(c.judge, device=resolve_device(c.device))
+    judge = load_judge(c.judge_weights, device=resolve_device(c.device))
     result = judged_accuracy(judge, read_image_set(c.samples, flag="--samples"))
     per_class = {str(k): {"images": n, "accuracy": acc} for k, (n, acc) in result.per_class.items()}
     print(json.dumps({"judged_accuracy": result.accuracy, "images": result.num_images, "per_class": per_class}))

@@ -1,52 +1,104 @@
-"""`trainlab plan RECIPE [train flags] [--device cuda|cpu] [--gpu NAME|GiB] [--gpus N] [--json]`: will it fit?
+"""`trainlab plan RECIPE [--gpu NAME|GiB] [--gpus N] [--json] [flags of trainlab train RECIPE]`: will it fit?
 
 Traces the recipe's real training step on fake tensors (no data, no real memory) and prints where the memory goes,
 the allocator's reserved peak, the total against the GPU, the largest micro-batch that fits, the accumulation that
 keeps the global batch, the GPUs the batch needs, levers, and the seed's hand estimate beside it.
+`trainlab plan RECIPE --help` shows the plan's own flags first, then the recipe's (those of `trainlab train RECIPE`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trainlab.config import parse
+from trainlab.config import flags_help, from_dict, option, parse
 from trainlab.errors import UsageError
 from trainlab.memory.gpus import GPU_PROFILES, gpu_profile
-from trainlab.memory.hand_formula import HandEstimate, hand_estimate
-from trainlab.memory.planner import Plan, PlanRequest, plan
-from trainlab.recipes import get_recipe, list_recipes
+from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
-USAGE = (
-    "usage: trainlab plan RECIPE [flags of trainlab train RECIPE] [--device cuda|cpu] [--gpu NAME|GiB] [--gpus N] "
-    "[--json]"
-)
+if TYPE_CHECKING:
+    from trainlab.memory.hand_formula import HandEstimate
+    from trainlab.memory.planner import Plan
+
+USAGE = "usage: trainlab plan RECIPE [--gpu NAME|GiB] [--gpus N] [--json] [flags of `trainlab train RECIPE`]"
+
+WHAT_IT_PRINTS = """\
+Will RECIPE fit? Traces the recipe's real training step on fake tensors (no data is read, no GPU is needed) for the
+run `trainlab train RECIPE` with the same flags would start, and prints:
+  - where the memory goes at the peak: parameters, gradients, optimizer states, activations, frozen models, ...;
+  - the allocator's reserved peak and, with --gpu, the CUDA context and workspaces, the total and FITS / DOES NOT FIT;
+  - the largest micro-batch that fits, the --grad-accumulation that keeps the global batch, the GPUs it needs;
+  - levers (16-bit precision, activation checkpointing, ...) with their predicted totals, and the hand formula.
+The training flag --device picks what is planned: cuda (auto plans for CUDA) or cpu."""
 
 
-def _take(argv: list[str], flag: str, takes_value: bool) -> tuple[list[str], str | None]:
-    """Remove `flag` (and its value) from argv; returns the rest and the value ('' for a bare switch)."""
+@dataclasses.dataclass(kw_only=True)
+class PlanOptions:
+    """The plan's own flags (the others are the recipe's, as `trainlab train RECIPE` takes them)."""
+
+    gpu: str | None = option(
+        None,
+        f"the GPU to plan for: {', '.join(GPU_PROFILES)}, or a size such as 48GiB (none: the traced peak only)",
+        metavar="NAME|GiB",
+    )
+    gpus: int = option(1, "GPUs (processes) sharing the global batch, as under `trainlab launch`", metavar="N", ge=1)
+    json: bool = option(False, "print the plan as JSON instead of the table")
+
+
+def plan_help(recipe: str) -> str:
+    """The top of `trainlab plan RECIPE --help`: the plan's usage, what it prints and its own flags."""
+    return "\n\n".join(
+        [
+            WHAT_IT_PRINTS.replace("RECIPE", recipe),
+            f"plan flags:\n{flags_help(PlanOptions)}",
+            f"flags of `trainlab train {recipe}` (the run that is planned):",
+        ]
+    )
+
+
+_BOOL_WORDS = ("true", "false", "1", "0", "yes", "no", "on", "off")
+
+
+def _take(argv: list[str], flag: str, is_switch: bool) -> tuple[list[str], str | None]:
+    """Remove `flag` (and its value) from argv; returns the rest and the value (None: not given). A switch may
+    stand alone (`--json`: true) or take a true/false word (`--json false`)."""
     rest: list[str] = []
     value: str | None = None
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg == flag:
-            if takes_value:
-                if i + 1 >= len(argv):
-                    raise UsageError(f"{flag} needs a value")
-                value = argv[i + 1]
-                i += 2
-                continue
-            value = ""
-        elif takes_value and arg.startswith(flag + "="):
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if arg == flag and is_switch:
+            value = "true"
+            if following is not None and following.lower() in _BOOL_WORDS:
+                value, i = following, i + 1
+        elif arg == flag:
+            if following is None:
+                raise UsageError(f"{flag} needs a value; see `trainlab plan RECIPE --help`")
+            value, i = following, i + 1
+        elif arg.startswith(flag + "="):
             value = arg[len(flag) + 1 :]
         else:
             rest.append(arg)
         i += 1
     return rest, value
+
+
+def take_plan_options(argv: list[str]) -> tuple[PlanOptions, list[str]]:
+    """The plan's flags (typed and range-checked like any config) and the rest of `argv` (the recipe's flags).
+
+    Raises:
+        UsageError: a plan flag without its value, or a value of the wrong type or out of range.
+    """
+    values: dict[str, Any] = {}
+    rest = list(argv)
+    for f in dataclasses.fields(PlanOptions):
+        rest, value = _take(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
+        if value is not None:
+            values[f.name] = value
+    return from_dict(PlanOptions, values), rest
 
 
 def _gib(n: int | None) -> str:
@@ -56,28 +108,37 @@ def _gib(n: int | None) -> str:
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
-        print(f"recipes: {', '.join(list_recipes())}; GPUs: {', '.join(GPU_PROFILES)} or a size such as 48GiB")
+        print()
+        print(WHAT_IT_PRINTS)
+        print(f"\nplan flags:\n{flags_help(PlanOptions)}")
+        print(f"\nrecipes: {', '.join(list_recipes())}; `trainlab plan RECIPE --help` adds the recipe's flags")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    check_recipe(name)
+    options, rest = take_plan_options(rest)  # checked before the recipe (and torch) is imported
     recipe_cls = get_recipe(name)
-    rest, gpu_spec = _take(rest, "--gpu", True)
-    rest, gpus_text = _take(rest, "--gpus", True)
-    rest, as_json = _take(rest, "--json", False)
-    try:
-        gpus = int(gpus_text) if gpus_text is not None else 1
-    except ValueError:
-        raise UsageError(f"--gpus takes a number of GPUs, got {gpus_text!r}") from None
-    config = parse(recipe_cls.config_class, rest, prog=f"trainlab plan {name}")
+    config = parse(
+        recipe_cls.config_class,
+        rest,
+        prog=f"trainlab plan {name}",
+        description=plan_help(name),
+        usage=USAGE.removeprefix("usage: ").replace("RECIPE", name),
+    )
+
+    import torch
+
+    from trainlab.memory.planner import PlanRequest, plan
+
     device_type = torch.device(config.device).type if config.device != "auto" else "cuda"
     if device_type not in ("cpu", "cuda"):
         raise UsageError(f"--device {config.device!r}: plan for cuda or cpu")
-    gpu = gpu_profile(gpu_spec) if gpu_spec is not None else None
+    gpu = gpu_profile(options.gpu) if options.gpu is not None else None
     if gpu is not None and device_type != "cuda":
         raise UsageError("--gpu plans for a CUDA device; drop --device cpu (or drop --gpu)")
     recipe = recipe_cls(config)
-    result = plan(recipe, PlanRequest(device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=gpus))
+    result = plan(recipe, PlanRequest(device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=options.gpus))
     hand = _hand(recipe, result)
-    if as_json is not None:
+    if options.json:
         print(json.dumps(to_json(result, hand), indent=2))
     else:
         print(render(result, hand))
@@ -91,6 +152,8 @@ def main(argv: list[str]) -> int:
 
 
 def _hand(recipe: Any, result: Plan) -> HandEstimate:
+    from trainlab.memory.hand_formula import hand_estimate
+
     b = result.breakdown
     cfg = recipe.config
     example = recipe.example_batch(1)

@@ -1,4 +1,4 @@
-"""`trainlab report RUN_DIR [RUN_DIR ...] [--out DIR]`: plots and a results table from run directories.
+"""`trainlab report RUN_DIR [RUN_DIR ...] [--out-dir DIR]`: plots and a results table from run directories.
 
 One run: loss vs step (every loss a recipe logs: `generator/loss` and `discriminator/loss` for the tokenizer) and
 accuracy vs epoch, or the recipe's tracked metric (`eval.png`: VAR's validation cross-entropy, the tokenizer's PSNR)
@@ -11,7 +11,7 @@ or models prints a warning: their numbers are not comparable. Among several runs
 UTF-8, not JSON / YAML) is skipped with a warning naming it; the output folder is checked before anything is drawn.
 
     trainlab report runs/cifar-fp32
-    trainlab report runs/bench --out runs/bench/report
+    trainlab report runs/a runs/b --out-dir runs/compare
 """
 
 from __future__ import annotations
@@ -37,8 +37,11 @@ class ReportConfig:
     run_dirs: list[Path] = option(
         help="run directories (with metrics.jsonl), or folders to search for them", positional=True, metavar="RUN_DIR"
     )
-    out: Path | None = option(
-        None, "directory for the PNGs and results tables (one run: RUN_DIR/plots; several: <common parent>/report)"
+    out_dir: Path | None = option(
+        None,
+        "folder for the PNGs and results tables (one run: RUN_DIR/plots; several: <common parent>/report)",
+        metavar="DIR",
+        deprecated=("--out",),
     )
 
     def validate(self) -> None:
@@ -126,15 +129,15 @@ def plan_report(config: ReportConfig) -> ReportPlan:
         groups = {label: [d for d in dirs if d in keep] for label, dirs in bench.items()}
         groups = {label: dirs for label, dirs in groups.items() if dirs}
         log.info("%s holds a `trainlab bench precision` report: updating it there", folder)
-        return ReportPlan(keep, groups, config.out or folder / "plots", config.out or folder)
+        return ReportPlan(keep, groups, config.out_dir or folder / "plots", config.out_dir or folder)
     run_dirs = readable_runs(config.expanded_run_dirs())
     if run_dirs != config.run_dirs:
         log.info("found %d run directories: %s", len(run_dirs), ", ".join(map(str, run_dirs)))
     if len(run_dirs) == 1:
-        out_dir = config.out or run_dirs[0] / "plots"
+        out_dir = config.out_dir or run_dirs[0] / "plots"
         return ReportPlan(run_dirs, None, out_dir, out_dir)
     parent = config.run_dirs[0] if len(config.run_dirs) == 1 else None  # one folder searched: its report/
-    out_dir = config.out or (parent or Path(os.path.commonpath([p.resolve() for p in run_dirs]))) / "report"
+    out_dir = config.out_dir or (parent or Path(os.path.commonpath([p.resolve() for p in run_dirs]))) / "report"
     return ReportPlan(run_dirs, group_runs(run_dirs), out_dir, out_dir)
 
 
@@ -161,7 +164,7 @@ def main(argv: list[str]) -> int:
     config = parse(ReportConfig, argv, prog="trainlab report", epilog=__doc__ or "")
     plan = plan_report(config)
     for folder in dict.fromkeys([plan.plots_dir, plan.tables_dir]):
-        check_output_path("--out", folder, is_dir=True)
+        check_output_path("--out-dir", folder, is_dir=True)
     for path in write_report(plan):
         print(path)
     return 0

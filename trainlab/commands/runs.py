@@ -14,7 +14,12 @@ Its status is one of, checked in this order:
                diverged): resuming redoes those steps from the checkpoint (or, without one, starts over).
 
 The resume command is the run's own command line (`# command:` in its config.yaml) without `--overwrite`: relaunching
-a run directory that holds a checkpoint resumes it.
+a run directory that holds a checkpoint resumes it. EVAL is the metric that describes the run, chosen as `trainlab
+report` chooses it: the one its recipe tracks for best.pt (named by the summary of a finished run), else the test
+accuracy, else the first evaluation metric.
+
+Listing imports no torch and no recipe: a checkpoint's step and epoch are read from its pickle alone
+(`trainlab.engine.checkpoint_fields`), without its tensors.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.config import option, parse
+from trainlab.engine.checkpoint_fields import UnreadableCheckpoint, read_fields
 from trainlab.errors import UsageError
+from trainlab.report.runs import describing_metric
 
 _NOT_RUNS = {"tb", "ckpt", "wandb", "plots", "report", "__pycache__"}  # folders inside a run directory
 
@@ -61,6 +68,7 @@ class RunState:
     epochs: int | None
     loss: float | None
     eval: dict[str, float]
+    eval_metric: str | None  # the metric that describes the run (see the module docstring)
     checkpoint_step: int | None
     updated: float | None  # mtime of the newest of metrics.jsonl / ckpt/last.pt (seconds since the epoch)
     owner: str | None  # "pid 123 on host" of a running run
@@ -137,20 +145,17 @@ def _header(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
 def _checkpoint(run_dir: Path) -> tuple[dict[str, Any], float | None]:
     """Position fields of the newest readable checkpoint (`ckpt/last.pt`, else the newest `ckpt/step_*.pt`) and its
     mtime; ({}, None) when there is none."""
-    import torch
-
     ckpt = run_dir / "ckpt"
     candidates = [ckpt / "last.pt", *sorted(ckpt.glob("step_*.pt"), reverse=True)] if ckpt.is_dir() else []
+    keys = ("recipe", "step", "epoch", "step_in_epoch", "best_score")
     for path in candidates:
         if not path.is_file():
             continue
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # a file cut by a kill: try the previous one
+            fields = read_fields(path, keys)
+        except (UnreadableCheckpoint, OSError):  # a file cut by a kill: try the previous one
             continue
-        if isinstance(state, dict):
-            keys = ("recipe", "step", "epoch", "step_in_epoch", "best_score")
-            return {k: state.get(k) for k in keys}, path.stat().st_mtime
+        return {k: fields.get(k) for k in keys}, path.stat().st_mtime
     return {}, None
 
 
@@ -234,6 +239,7 @@ def run_state(run_dir: Path) -> RunState:
     mtimes = [p.stat().st_mtime for p in (run_dir / "metrics.jsonl",) if p.is_file()]
     command = header.get("command")
     last_eval = {k: v for k, v in (evals[-1] if evals else {}).items() if k not in ("kind", "step", "epoch")}
+    eval_values = {k: f for k, v in last_eval.items() if (f := _number(v)) is not None}
     return RunState(
         run_dir=str(run_dir),
         recipe=header.get("recipe") or ckpt.get("recipe"),
@@ -243,7 +249,8 @@ def run_state(run_dir: Path) -> RunState:
         epoch=ckpt.get("epoch") if isinstance(ckpt.get("epoch"), int) else None,
         epochs=epochs,
         loss=_loss(train[-1]) if train else None,
-        eval={k: f for k, v in last_eval.items() if (f := _number(v)) is not None},
+        eval=eval_values,
+        eval_metric=describing_metric([eval_values], last_summary or {}),
         checkpoint_step=ckpt_step,
         updated=max([*mtimes, *([ckpt_mtime] if ckpt_mtime else [])], default=None),
         owner=owner,
@@ -252,19 +259,10 @@ def run_state(run_dir: Path) -> RunState:
 
 
 def _eval_text(state: RunState) -> str:
-    """The run's best metric (as its recipe names it) or its first evaluation metric, e.g. `test_accuracy 0.9123`."""
-    if not state.eval:
+    """The metric that describes the run and its last value, e.g. `test_accuracy 0.9123`."""
+    if state.eval_metric is None:
         return "-"
-    key = next(iter(state.eval))
-    if state.recipe:
-        try:
-            from trainlab.recipes import get_recipe
-
-            best = get_recipe(state.recipe).best_metric
-        except UsageError:
-            best = ""
-        key = best if best in state.eval else key
-    return f"{key} {state.eval[key]:.4g}"
+    return f"{state.eval_metric} {state.eval[state.eval_metric]:.4g}"
 
 
 def _age(updated: float | None, now: float) -> str:

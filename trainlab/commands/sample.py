@@ -1,15 +1,17 @@
 """`trainlab sample`: class-conditional images (and tokens) from official VAR checkpoints.
 
-    trainlab sample --vae vae_ch160v4096z32.pth --var var_d16.pth --classes 1 500 999 --seed 42 \\
-        --cfg 3.0 --top-k 600 --top-p 0.9 [--more-smooth] --out grid.png [--save-tokens tokens.pt]
-    trainlab sample --vae ... --var ... --classes all --n-per-class 50 --out-dir samples/   # 50k images for FID
+    trainlab sample --tokenizer-weights vae_ch160v4096z32.pth --var-weights var_d16.pth --classes 1 500 999 \\
+        --seed 42 --guidance 3.0 --top-k 600 --top-p 0.9 [--more-smooth] --out grid.png [--save-tokens tokens.pt]
+    trainlab sample --tokenizer-weights ... --var-weights ... --classes all --samples-per-class 50 \\
+        --out-dir samples/                                                    # 50k images for FID
 
-Images are generated in --classes order (each class --n-per-class times in a row), --batch-size at a time; batch i
+Images are generated in --classes order (each class --samples-per-class times in a row), --batch-size at a time; batch i
 uses seed + i (a single batch uses --seed itself, exactly like the official `autoregressive_infer_cfg(g_seed=seed)`).
 Results depend on --seed, --batch-size and the device: a CUDA run draws from a CUDA generator, so it reproduces the
 official code on CUDA, not a CPU run. Pixels are round(255 * img) with img in [0, 1].
---var may be a trainlab VAR run's checkpoint (RUN_DIR/ckpt/last.pt): it records the SHA-256 of the tokenizer it was
-trained with, and a --vae with other weights is refused (its codes would mean something else: garbage images).
+--var-weights may be a trainlab VAR run's checkpoint (RUN_DIR/ckpt/last.pt): it records the SHA-256 of the tokenizer it
+was trained with, and --tokenizer-weights with other weights are refused (its codes would mean something else:
+garbage images).
 --out-dir writes NNNNNN_cCCCC.png per image and, once all exist, samples.npz (uint8 (N, H, W, 3) under `arr_0` and
 the int64 class labels under `arr_1`, the layout of OpenAI's guided-diffusion evaluator); it is resumable: batches
 whose PNGs all exist and read back whole are skipped (unless --out or --save-tokens also need them); a truncated or
@@ -27,16 +29,16 @@ import sys
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
-from PIL import Image
+from typing import TYPE_CHECKING, Any
 
 from trainlab.config import option, parse
+from trainlab.engine.device import DEVICE_HELP, resolve_device
 from trainlab.errors import UsageError, check_output_path, first_line
 from trainlab.host_memory import host_allocator
-from trainlab.user_files import load_user_file
+
+if TYPE_CHECKING:  # imported where used: parsing the flags (and refusing bad ones) loads neither
+    import numpy as np
+    import torch
 
 # Shape legend: B images in a batch, N images in total, H/W image side, pn token-map side.
 
@@ -51,15 +53,21 @@ scale where (1 + t) x cond - t x uncond overflows float32 logits (1e38 did)."""
 class SampleConfig:
     """Sample class-conditional images from a VAR + VQVAE checkpoint pair (official or trained here)."""
 
-    vae_weights: Path = option(help="VQVAE weights, e.g. vae_ch160v4096z32.pth", metavar="PATH", aliases=("--vae",))
+    tokenizer_weights: Path = option(
+        help="tokenizer (VQVAE) weights: vae_ch160v4096z32.pth, or a trainlab tokenizer export or checkpoint",
+        metavar="PATH",
+        deprecated=("--vae-weights", "--vae"),
+    )
     var_weights: Path = option(
-        help="VAR weights, e.g. var_d16.pth (.pth/.pt/.safetensors)", metavar="PATH", aliases=("--var",)
+        help="VAR weights: var_d16.pth (.pth/.pt/.safetensors), or a trainlab VAR export or checkpoint",
+        metavar="PATH",
+        deprecated=("--var",),
     )
     classes: list[str] = option(help="class ids (1000 = unconditional) or 'all'", metavar="ID")
-    samples_per_class: int = option(1, "images per listed class", metavar="N", aliases=("--n-per-class",), ge=1)
+    samples_per_class: int = option(1, "images per listed class", metavar="N", ge=1, deprecated=("--n-per-class",))
     seed: int = option(0, "generator seed; batch i uses seed + i", ge=0, lt=2**63)
     guidance: float = option(
-        1.5, "classifier-free guidance scale", metavar="SCALE", aliases=("--cfg",), ge=0, le=MAX_GUIDANCE
+        1.5, "classifier-free guidance scale", metavar="SCALE", ge=0, le=MAX_GUIDANCE, deprecated=("--cfg",)
     )
     top_k: int = option(900, "keep the K most likely tokens, 0 = all", metavar="K", ge=0)
     top_p: float = option(0.96, "nucleus mass, 1 = off", metavar="P", gt=0, le=1)
@@ -73,7 +81,7 @@ class SampleConfig:
     out_dir: Path | None = option(None, "one PNG per image + samples.npz (resumable)", metavar="DIR")
     save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
     batch_size: int = option(16, "images per sampling batch", metavar="B", ge=1)
-    device: str = option("auto", "torch device: cpu, cuda, cuda:N or auto (cuda if available, else cpu)")
+    device: str = option("auto", DEVICE_HELP)
 
     def validate(self) -> None:
         if self.out is None and self.out_dir is None and self.save_tokens is None:
@@ -87,28 +95,8 @@ class SampleConfig:
         ):
             if path is not None:
                 _check_writable(flag, path, is_dir=is_dir)
-        self.torch_device()
-
-    def torch_device(self) -> torch.device:
-        """The device to sample on (`auto`: cuda when available, else cpu)."""
-        name = self.device
-        if name == "auto":
-            name = "cuda" if torch.cuda.is_available() else "cpu"
-        try:
-            device = torch.device(name)
-        except RuntimeError as err:
-            raise UsageError(f"unknown --device {self.device!r} (use auto, cpu, cuda, cuda:1, ...)") from err
-        if device.type == "cuda":
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if count == 0:
-                raise UsageError(f"--device {self.device}: CUDA is not available here; use --device cpu (or auto)")
-            if device.index is not None and device.index >= count:
-                raise UsageError(f"--device {self.device}: only {count} CUDA device(s) here (cuda:0..cuda:{count - 1})")
-        elif device.type == "mps" and not torch.backends.mps.is_available():
-            raise UsageError(f"--device {self.device}: MPS is not available here; use --device cpu (or auto)")
-        elif device.type not in ("cpu", "cuda", "mps"):
-            raise UsageError(f"--device {self.device}: not supported; use auto, cpu, cuda or cuda:N")
-        return device
+        if self.device != "auto":  # a device this machine lacks is refused before any weights are read
+            resolve_device(self.device)
 
 
 _check_writable = check_output_path  # the one output-location check (trainlab.errors), also used by `trainlab edit`
@@ -117,6 +105,8 @@ _check_writable = check_output_path  # the one output-location check (trainlab.e
 def _trained_tokenizer_sha256(var_path: Path) -> str | None:
     """The tokenizer SHA-256 a trainlab VAR run checkpoint records (`recipe_state.tokenizer_sha256`), else None
     (official weights and exports record none)."""
+    from trainlab.user_files import load_user_file
+
     if var_path.suffix not in (".pt", ".pth"):
         return None
     obj = load_user_file(var_path, "VAR checkpoint", fix="pass a complete weights file")  # memory-mapped: cheap
@@ -128,7 +118,7 @@ def _trained_tokenizer_sha256(var_path: Path) -> str | None:
 
 
 def check_tokenizer_matches(var_path: Path, vae_path: Path, vqvae: torch.nn.Module) -> None:
-    """Refuse a --vae whose weights differ from the tokenizer a trainlab VAR checkpoint was trained with.
+    """Refuse --tokenizer-weights that differ from the tokenizer a trainlab VAR checkpoint was trained with.
 
     Raises:
         UsageError: the checkpoint records a tokenizer SHA-256 and `vqvae`'s differs; the message names both.
@@ -141,13 +131,14 @@ def check_tokenizer_matches(var_path: Path, vae_path: Path, vqvae: torch.nn.Modu
     found = tokenizer_sha256(vqvae)
     if found != expected:
         raise UsageError(
-            f"--var {var_path} was trained with tokenizer sha256 {expected[:12]}..., but --vae {vae_path} has "
-            f"sha256 {found[:12]}...; pass the tokenizer that run used (its --tokenizer, see the run's config.yaml)"
+            f"--var-weights {var_path} was trained with tokenizer sha256 {expected[:12]}..., but "
+            f"--tokenizer-weights {vae_path} has sha256 {found[:12]}...; pass the tokenizer that run used (its "
+            "--tokenizer-weights, see the run's config.yaml)"
         )
 
 
 def _parse_classes(values: list[str], num_classes: int) -> list[int]:
-    """The class ids of --classes (each once; --n-per-class repeats them later)."""
+    """The class ids of --classes (each once; --samples-per-class repeats them later)."""
     if values == ["all"]:
         classes = list(range(num_classes))
     else:
@@ -177,7 +168,8 @@ def _check_room(config: SampleConfig, total: int, side: int, seq_len: int) -> No
         if npz > free:
             raise UsageError(
                 f"--out-dir {config.out_dir}: {total} images of {side}x{side} make a {npz / gib:.1f} GiB samples.npz "
-                f"but only {free / gib:.1f} GiB are free there; free space, or sample fewer (--classes, --n-per-class)"
+                f"but only {free / gib:.1f} GiB are free there; free space, or sample fewer (--classes, "
+                "--samples-per-class)"
             )
         if 2 * npz > free:
             log.warning("%s: %.1f GiB free for up to %.1f GiB of PNGs and samples.npz", config.out_dir, free / gib,
@@ -187,16 +179,20 @@ def _check_room(config: SampleConfig, total: int, side: int, seq_len: int) -> No
         if needed > available:
             raise UsageError(
                 f"--save-tokens holds {total} images' tokens in memory ({needed / gib:.1f} GiB) but only "
-                f"{available / gib:.1f} GiB are available; sample fewer (--classes, --n-per-class)"
+                f"{available / gib:.1f} GiB are available; sample fewer (--classes, --samples-per-class)"
             )
 
 
 def _to_uint8(img_B3HW: torch.Tensor) -> np.ndarray:
     """[0, 1] float images -> uint8 (B, H, W, 3), rounded."""
+    import torch
+
     return img_B3HW.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
 
 def _save_png(arr_HW3: np.ndarray, path: Path) -> None:
+    from PIL import Image
+
     tmp = path.with_name(path.name + ".tmp")
     Image.fromarray(arr_HW3).save(tmp, format="PNG")
     os.replace(tmp, path)
@@ -208,6 +204,8 @@ def png_problem(path: Path) -> tuple[str | None, tuple[int, int] | None]:
     PIL's `verify` walks every chunk and its CRC without decoding the pixels: a truncated, zero-byte or corrupted file
     fails it at a fraction of a decode's cost (this runs over every PNG of a resumed --out-dir).
     """
+    from PIL import Image
+
     try:
         with Image.open(path) as img:
             size = img.size
@@ -218,6 +216,9 @@ def png_problem(path: Path) -> tuple[str | None, tuple[int, int] | None]:
 
 
 def _read_png(path: Path) -> np.ndarray:
+    import numpy as np
+    from PIL import Image
+
     try:
         with Image.open(path) as img:
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
@@ -231,6 +232,8 @@ def _read_png(path: Path) -> np.ndarray:
 def write_npz(png_paths: list[Path], out_path: Path, labels: list[int] | None = None) -> None:
     """Stream PNGs into an .npz holding uint8 (N, H, W, 3) as `arr_0`, one image in memory at a time, and the class
     labels as int64 (N,) under `arr_1` when given (the layout of OpenAI's labelled reference batches)."""
+    import numpy as np
+
     first = _read_png(png_paths[0])
     header: dict[str, Any] = {
         "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
@@ -274,16 +277,17 @@ def main(argv: list[str]) -> int:
     """Run `trainlab sample`; returns the exit code (errors raise UsageError)."""
     timer = PhaseTimer()
     config = parse(SampleConfig, argv, prog="trainlab sample", epilog=__doc__ or "")
-    device = config.torch_device()
+    device = resolve_device(config.device)
 
+    import torch
     from tqdm import tqdm
 
-    from trainlab.models.var.loading import load_official
+    from trainlab.models.var.convert import load_official
     from trainlab.models.var.sample import generate
 
     timer.lap("startup")
-    vqvae, var = load_official(config.vae_weights, config.var_weights)
-    check_tokenizer_matches(config.var_weights, config.vae_weights, vqvae)
+    vqvae, var = load_official(config.tokenizer_weights, config.var_weights)
+    check_tokenizer_matches(config.var_weights, config.tokenizer_weights, vqvae)
     if config.fast_decode:
         vqvae.optimize_for_inference()
     log.info(host_allocator())
@@ -398,6 +402,8 @@ class PhaseTimer:
     def lap(self, phase: str, sync: torch.device | None = None) -> None:
         """Charge the time since the previous lap to `phase` (after waiting for `sync`'s queued CUDA work)."""
         if sync is not None and sync.type == "cuda":
+            import torch
+
             torch.cuda.synchronize(sync)
         now = time.perf_counter()
         extra = self._startup if phase == "startup" else 0.0

@@ -15,16 +15,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trainlab import dist
+from trainlab import launcher
 from trainlab.config import Auto, parse
-from trainlab.engine.recipe import Recipe, TrainConfig
 from trainlab.errors import UsageError
 from trainlab.host_memory import REUSE_HEADROOM, reuses_freed_memory
 from trainlab.recipes import get_recipe, list_recipes
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainlab.engine.recipe import Recipe, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ def _size(n: int) -> str:
 
 def free_memory(device: torch.device) -> tuple[int, str]:
     """Bytes free for this run's tensors on `device`, and a description of what was measured."""
+    import torch
+
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free), f"free on {device} per torch.cuda.mem_get_info"
@@ -60,17 +64,19 @@ def resolve_auto_accumulation(recipe_cls: type[Recipe[Any]], config: TrainConfig
     Raises:
         UsageError: the device is neither CPU nor CUDA, or even micro-batch 1 does not fit (names the levers).
     """
-    from trainlab.engine.loop import resolve_device
+    import torch
+
+    from trainlab.engine.device import resolve_device
     from trainlab.memory.gpus import GpuProfile
     from trainlab.memory.planner import auto_accumulation
     from trainlab.memory.trace import PlanDevice
 
     device = resolve_device(config.device)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", dist.local_rank())
+        device = torch.device("cuda", launcher.local_rank())
     if device.type not in ("cpu", "cuda"):
         raise UsageError(f"--grad-accumulation auto plans CPU or CUDA runs, not {device}; pass a number")
-    processes = int(os.environ["WORLD_SIZE"]) if dist.launched_by_torchrun() else 1
+    processes = int(os.environ["WORLD_SIZE"]) if launcher.launched_by_torchrun() else 1
     if processes > 1:  # each process would read its own GPU's free memory and could pick a different number
         raise UsageError(
             f"--grad-accumulation auto runs in a single process only (this is one of {processes}); plan it with "
@@ -116,6 +122,7 @@ def main(argv: list[str]) -> int:
         print(report.line())
         return 0 if report.passed else 1
 
+    from trainlab import dist
     from trainlab.engine.loop import Trainer
 
     is_main = True
@@ -126,7 +133,7 @@ def main(argv: list[str]) -> int:
         del trainer  # its DDP wrappers hold the process group: drop them before it is destroyed
         dist.cleanup(synchronize=True)
     except (UsageError, OSError) as err:
-        dist.expect_launcher_stop(getattr(err, "exit_code", 2))  # under torchrun: every rank exits with this code
+        launcher.expect_launcher_stop(getattr(err, "exit_code", 2))  # under torchrun: every rank exits with this code
         raise
     except Exception:
         log.error("training failed; the last good checkpoint (if any) in %s/ckpt is untouched", config.run_dir)

@@ -9,9 +9,11 @@ A draw is BLAKE2b of the three integers packed as little-endian signed 64-bit (`
 draw of the same (seed, epoch, index) are unrelated: every dataset keeps its word count fixed, since changing it
 changes every augmentation (and the golden losses).
 
-    CIFAR (`cifar.augment_params`)      1 word: crop top, crop left, flip as mixed-radix digits
-    image folders, in-memory tensors,   2 words (`augment_draws`): word 0 places the random crop, the low bit of
-    token-cache variants                word 1 is the random flip (`decide_flip`)
+    pad_crop_flip (CIFAR)                  1 word: crop top, crop left, flip as mixed-radix digits
+    two_views (MoCo)                       1 word: seeds the `random.Random` that draws both views
+    var_resize_crop, random_resized_crop   2 words (`augment_draws`): word 0 places the random crop, the low bit
+    _flip, in-memory flips, token-cache    of word 1 is the random flip (`decide_flip`)
+    variants
 """
 
 from __future__ import annotations

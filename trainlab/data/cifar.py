@@ -4,10 +4,10 @@ Two pieces:
 - `load_cifar10` reads one split into a `Cifar10Split` (`.data` uint8 (N, 32, 32, 3), `.targets`, `.classes`: the
   arrays torchvision's `CIFAR10` holds) and turns every way the data can be missing, broken or foreign into a
   one-line `UsageError` naming the file.
-- `CifarAugmentDataset` applies the kuangliu/airbench recipe (random 32x32 crop of the 4-pixel zero-padded image,
-  horizontal flip with p=0.5, per-channel normalisation). Its randomness is a pure function of
-  (seed, epoch, sample index), so a run resumed at any step, with any number of loader workers, sees exactly the
-  same augmented pixels as an uninterrupted run.
+- `CifarAugmentDataset` applies the kuangliu/airbench recipe (`trainlab.data.transforms.pad_crop_flip`: random
+  32x32 crop of the 4-pixel zero-padded image, horizontal flip with p=0.5; then per-channel normalisation). Its
+  randomness is a pure function of (seed, epoch, sample index), so a run resumed at any step, with any number of
+  loader workers, sees exactly the same augmented pixels as an uninterrupted run.
 
 No file runs code. The release's files are pickles, and a plain `pickle.load` (what torchvision's `CIFAR10` does)
 runs whatever callable a file names: a poisoned `data_batch_1` executes code the moment it is read. Here the files go
@@ -47,7 +47,8 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.datasets.utils import download_and_extract_archive
 
-from trainlab.data.augment import EpochCounter, draw_words, mixed_radix_digits
+from trainlab.data.augment import EpochCounter
+from trainlab.data.transforms import pad_crop_flip, pad_crop_flip_draws
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CIFAR10_NUM_CLASSES = 10
-CROP_PADDING = 4
 
 # The official release (https://www.cs.toronto.edu/~kriz/cifar.html); names and md5s as torchvision lists them.
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -118,25 +118,25 @@ def load_cifar10(
         except (OSError, RuntimeError) as e:  # URLError is an OSError; a bad archive md5 is a RuntimeError
             raise UsageError(
                 f"could not download CIFAR-10 into {root} ({_one_line(e)}); check the network, "
-                f"or fetch {CIFAR10_URL} yourself, extract it there and drop --download"
+                f"or fetch {CIFAR10_URL} yourself, extract it there and drop --data.download"
             ) from e
     if not folder.is_dir():
         raise UsageError(
-            f"CIFAR-10 not found under {root} (expected {folder}); pass --download to fetch it, "
-            "or --data-root to point at it"
+            f"CIFAR-10 not found under {root} (expected {folder}); pass --data.download to fetch it, "
+            "or --data.root to point at it"
         )
     missing = _missing(folder)
     if missing:
         raise UsageError(
             f"CIFAR-10 under {root} is incomplete (missing {', '.join(missing)} in {folder}); "
-            "delete that folder and pass --download to fetch it again"
+            "delete that folder and pass --data.download to fetch it again"
         )
     if verify_checksums:
         for name, md5 in (*CIFAR10_TRAIN_FILES, *CIFAR10_TEST_FILES, CIFAR10_META_FILE):
             if _md5(folder / name) != md5:
                 raise UsageError(
                     f"CIFAR-10 file {folder / name} does not match the official md5; "
-                    "delete that folder and pass --download to fetch it again"
+                    "delete that folder and pass --data.download to fetch it again"
                 )
     images: list[np.ndarray] = []
     targets: list[int] = []
@@ -148,7 +148,7 @@ def load_cifar10(
         names = [name for name, _md5sum in (CIFAR10_TRAIN_FILES if train else CIFAR10_TEST_FILES)]
         raise UsageError(
             f"CIFAR-10 under {folder} has no {'training' if train else 'test'} images (none in {', '.join(names)}); "
-            "delete that folder and pass --download to fetch it again"
+            "delete that folder and pass --data.download to fetch it again"
         )
     classes = _read_meta(folder / CIFAR10_META_FILE[0])
     data = np.vstack(images).reshape(-1, 3, 32, 32).transpose((0, 2, 3, 1))  # rows of R, G, B planes -> HWC
@@ -266,51 +266,15 @@ def _one_line(error: BaseException) -> str:
 def _corrupt(path: Path, detail: str) -> UsageError:
     return UsageError(
         f"CIFAR-10 file {path} is corrupt or unreadable ({detail}); "
-        "delete that folder and pass --download to fetch it again"
+        "delete that folder and pass --data.download to fetch it again"
     )
 
 
 def _foreign(path: Path, detail: str) -> UsageError:
     return UsageError(
         f"CIFAR-10 file {path} holds something other than CIFAR-10 data ({detail}); "
-        "delete that folder and pass --download to fetch it again"
+        "delete that folder and pass --data.download to fetch it again"
     )
-
-
-def augment_params(seed: int, epoch: int, index: int, *, padding: int = CROP_PADDING) -> tuple[int, int, bool]:
-    """Draws the random crop offsets and flip for one sample, as a pure function of its arguments.
-
-    One 64-bit word of `trainlab.data.augment.draw_words` is split into the mixed-radix digits `top`, `left`
-    (uniform in [0, 2 * padding]) and `flip`. The result depends on nothing else (no global RNG, no worker id, no
-    torch/numpy version), which is what makes resumed runs bit-exact. The modulo bias is below 1e-17.
-
-    Args:
-        seed: the run's data seed.
-        epoch: 0-based epoch.
-        index: index of the sample in the dataset.
-        padding: zero padding on each side before the crop.
-
-    Returns:
-        (top, left, flip): crop offsets into the padded image and whether to mirror horizontally.
-    """
-    (word,) = draw_words(seed, epoch, index, num_words=1)
-    span = 2 * padding + 1
-    top, left, flip = mixed_radix_digits(word, span, span, 2)
-    return top, left, flip == 1
-
-
-def pad_crop_flip(
-    img_3HW: torch.Tensor, top: int, left: int, flip: bool, *, padding: int = CROP_PADDING
-) -> torch.Tensor:
-    """Zero-pads by `padding`, crops back to the input size at (top, left), optionally mirrors left-right.
-
-    Equivalent to torchvision's `RandomCrop(size, padding=padding)` + `RandomHorizontalFlip` with the given draws.
-    """
-    _, h, w = img_3HW.shape
-    padded_3HW = img_3HW.new_zeros(img_3HW.shape[0], h + 2 * padding, w + 2 * padding)
-    padded_3HW[:, padding : padding + h, padding : padding + w] = img_3HW
-    out_3HW = padded_3HW[:, top : top + h, left : left + w]
-    return out_3HW.flip(-1) if flip else out_3HW.contiguous()
 
 
 class CifarAugmentDataset(Dataset[dict[str, torch.Tensor]]):
@@ -372,7 +336,7 @@ class CifarAugmentDataset(Dataset[dict[str, torch.Tensor]]):
         """Returns {"image": (3, H, W) normalised in the default dtype (float32), "label": int64 scalar}."""
         img_3HW = torch.from_numpy(self.images_NHW3[index]).permute(2, 0, 1)
         if self.augment:
-            top, left, flip = augment_params(self.seed, self.epoch, index)
+            top, left, flip = pad_crop_flip_draws(self.seed, self.epoch, index)
             img_3HW = pad_crop_flip(img_3HW, top, left, flip)
         dtype = torch.get_default_dtype()
         x_3HW = img_3HW.to(dtype).div_(255.0).sub_(self.mean_311.to(dtype)).div_(self.std_311.to(dtype))

@@ -1,8 +1,8 @@
-"""A tiny synthetic CIFAR-10 in the exact on-disk layout of the official python release.
+"""The synthetic images (`trainlab.data.synthetic`) of data kind `fake` in the exact on-disk layout of the official
+CIFAR-10 python release.
 
-Used by tests and `--debug` runs so they go through the real loader (`trainlab.data.cifar.load_cifar10`) without the
-163 MB download. The images are learnable: each class has its own colour and stripe orientation, plus a random
-phase, brightness jitter and pixel noise, so a debug model climbs well above chance (10%) within a few epochs.
+Used by the CIFAR recipe (`--data.kind fake`), tests and benchmarks so they go through the real loader
+(`trainlab.data.cifar.load_cifar10`) without the 163 MB download: 32 px, 10 classes.
 
 Layout (what `load_cifar10` and torchvision's `CIFAR10` read): `<root>/cifar-10-batches-py/` with `data_batch_1` ..
 `data_batch_5`, `test_batch` and `batches.meta`, each a pickled dict. Batches hold "data" (uint8 (n, 3072), each row
@@ -18,7 +18,6 @@ unpickler admits exactly that.
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import shutil
@@ -28,39 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from trainlab.data.cifar import CIFAR10_DIRNAME
+from trainlab.data.synthetic import synthetic_splits
 from trainlab.errors import UsageError
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 _NUM_TRAIN_BATCHES = 5
-
-
-def _make_images(rng: np.random.Generator, labels_N: np.ndarray, palette_K3: np.ndarray) -> np.ndarray:
-    """Class-dependent colour and stripes; returns uint8 (N, 3, 32, 32).
-
-    Computed in float64: NumPy's float32 sin / cos take CPU-specific SIMD paths, and a last-bit difference moves a
-    pixel across a rounding boundary; in float64 such a difference is far below what rounds to another byte, so the
-    bytes are the same on every CPU.
-    """
-    n = len(labels_N)
-    yy_HW, xx_HW = np.mgrid[0:32, 0:32].astype(np.float64)
-    # Orientations 0..81 degrees in 9-degree steps: a horizontal flip maps angle a to 180 - a, which no other class
-    # uses, so flip augmentation never turns one class's pattern into another's.
-    angle_N = labels_N.astype(np.float64) * (math.pi / 20)
-    phase_N = rng.uniform(0, 2 * math.pi, size=n)
-    coord_NHW = np.cos(angle_N)[:, None, None] * xx_HW[None] + np.sin(angle_N)[:, None, None] * yy_HW[None]
-    stripes_NHW = np.sin(2 * math.pi * coord_NHW / 8.0 + phase_N[:, None, None])
-    brightness_N = rng.uniform(-25, 25, size=n)
-    img_N3HW = (
-        palette_K3[labels_N][:, :, None, None]
-        + 45.0 * stripes_NHW[:, None]
-        + brightness_N[:, None, None, None]
-        + rng.normal(0, 30, size=(n, 3, 32, 32))
-    )
-    return np.clip(np.rint(img_N3HW), 0, 255).astype(np.uint8)
-
-
-def _balanced_labels(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.permutation(np.arange(n) % len(CIFAR10_CLASSES)).astype(np.int64)
 
 
 def _write_batch(path: Path, img_N3HW: np.ndarray, labels_N: np.ndarray, batch_label: str, first_index: int) -> None:
@@ -82,11 +53,11 @@ def write_fake_cifar10(root: str | Path, *, num_train: int = 256, num_test: int 
             written to a hidden temp folder and renamed into place, so a killed generation leaves no half set and
             concurrent writers (torchrun ranks) are safe.
         num_train: training images, spread over the five `data_batch_*` files (classes balanced).
-        num_test: test images in `test_batch` (classes balanced, drawn independently of the training set).
-        seed: makes the whole dataset reproducible.
+        num_test: test images in `test_batch` (classes balanced, drawn after the training set).
+        seed: the synthetic set's stream (`synthetic_splits`): the same arguments write the same bytes.
 
     Returns:
-        `root` as a Path: the value to pass as `load_cifar10(root, ...)` / `--data-root`.
+        `root` as a Path: the value to pass as `load_cifar10(root, ...)` / `--data.root`.
 
     Raises:
         UsageError: if `num_train` or `num_test` is not positive.
@@ -100,20 +71,15 @@ def write_fake_cifar10(root: str | Path, *, num_train: int = 256, num_test: int 
         if not _alive(stale.name.split(".")[2]):
             shutil.rmtree(stale, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=f".{CIFAR10_DIRNAME}.{os.getpid()}.", suffix=".tmp", dir=root))
-    rng = np.random.default_rng(seed)
-    palette_K3 = rng.uniform(40, 215, size=(len(CIFAR10_CLASSES), 3))
-
-    train_labels_N = _balanced_labels(rng, num_train)
-    train_img_N3HW = _make_images(rng, train_labels_N, palette_K3)
+    train, test = synthetic_splits(num_train, num_test, image_size=32, num_classes=len(CIFAR10_CLASSES), seed=seed)
+    train_img_N3HW, train_labels_N = train.images_N3SS, train.labels_N
     bounds = np.linspace(0, num_train, _NUM_TRAIN_BATCHES + 1).astype(int)
     for b in range(_NUM_TRAIN_BATCHES):
         lo, hi = bounds[b], bounds[b + 1]
         label = f"training batch {b + 1} of {_NUM_TRAIN_BATCHES}"
         _write_batch(folder / f"data_batch_{b + 1}", train_img_N3HW[lo:hi], train_labels_N[lo:hi], label, lo)
 
-    test_labels_N = _balanced_labels(rng, num_test)
-    test_img_N3HW = _make_images(rng, test_labels_N, palette_K3)
-    _write_batch(folder / "test_batch", test_img_N3HW, test_labels_N, "testing batch 1 of 1", 0)
+    _write_batch(folder / "test_batch", test.images_N3SS, test.labels_N, "testing batch 1 of 1", 0)
 
     meta = {"num_cases_per_batch": int(bounds[1] - bounds[0]), "label_names": list(CIFAR10_CLASSES), "num_vis": 3072}
     with open(folder / "batches.meta", "wb") as f:

@@ -11,7 +11,7 @@ is listed under its own path when it has one, and a link back up the tree (a loo
 is sorted, so it does not depend on the order the file system returns entries. Entries left out are counted by
 reason in one log line.
 
-Preprocessing (official `utils/data.py: build_dataset`), for an image side R:
+Preprocessing (`trainlab.data.transforms.var_resize_crop`, official `utils/data.py: build_dataset`), for a side R:
     resize the shorter side to round(1.125 * R) with LANCZOS (aspect ratio kept; 256 -> 288)
     train: RandomCrop(R)    val: CenterCrop(R)
     optional horizontal flip (train only, off by default as in the official runs)
@@ -41,27 +41,23 @@ import stat
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-import torchvision.transforms.functional as TF
 from PIL import Image
 from torch.utils.data import Dataset, get_worker_info
-from torchvision.transforms import InterpolationMode
 
-from trainlab.data.augment import EpochCounter, FlipMode, augment_draws, decide_flip, mixed_radix_digits
+from trainlab.data.augment import EpochCounter, FlipMode, augment_draws
 from trainlab.data.errors import DataError
 from trainlab.data.images import UnreadableImage, read_image
+from trainlab.data.transforms import CropMode, var_resize_crop
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-RESIZE_RATIO = 1.125  # official: mid_reso = round(1.125 * final_reso)
 MAX_CONSECUTIVE_UNREADABLE = 64
 _MAX_WORKER_SLOTS = 256  # skip counters: slot 0 = main process, slot w+1 = loader worker w
-
-CropMode = Literal["random", "center"]
 
 # Why a scan leaves an entry out (the keys of `FolderIndex.skipped`).
 SKIP_NOT_REGULAR = "not a regular file (FIFO, socket or device)"
@@ -113,12 +109,8 @@ def scan_image_folder(root: str | Path) -> FolderIndex:
     """
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise UsageError(f"image folder {root} not found; pass --data-root with train/ and val/ class sub-folders")
-    try:
-        with os.scandir(root) as entries:
-            classes = tuple(sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir()))
-    except OSError as err:
-        raise UsageError(f"image folder {root} cannot be read ({err.strerror}); check its permissions") from None
+        raise UsageError(f"image folder {root} not found; pass --data.root with train/ and val/ class sub-folders")
+    classes = list_classes(root)
     if not classes:
         raise UsageError(
             f"image folder {root} has no class sub-folders; expected {root}/<class name>/<image> (ImageNet layout)"
@@ -147,6 +139,19 @@ def scan_image_folder(root: str | Path) -> FolderIndex:
         ignored_files=scan.ignored,
         skipped=tuple(sorted(scan.skipped.items())),
     )
+
+
+def list_classes(root: str | Path) -> tuple[str, ...]:
+    """The class names of an image folder: its sub-folders not starting with '.', sorted (no image is listed).
+
+    Raises:
+        UsageError: the folder cannot be read.
+    """
+    try:
+        with os.scandir(Path(root).expanduser()) as entries:
+            return tuple(sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir()))
+    except OSError as err:
+        raise UsageError(f"image folder {root} cannot be read ({err.strerror}); check its permissions") from None
 
 
 class _Scan:
@@ -231,39 +236,12 @@ class _Scan:
         self.listed[real] = candidate
 
 
-def preprocess(
-    img: Image.Image,
-    image_size: int,
-    *,
-    crop: CropMode,
-    flip: FlipMode,
-    draws: tuple[int, int] = (0, 0),
-) -> torch.Tensor:
-    """The official VAR preprocessing of one PIL image.
-
-    Args:
-        img: an RGB PIL image.
-        image_size: R, the output side.
-        crop: "random" (offsets from `draws[0]`) or "center".
-        flip: "none", "random" (from `draws[1]`) or "always".
-        draws: two 64-bit words from `augment_draws(seed, epoch, index)` for the random choices.
-
-    Returns:
-        float32 (3, R, R) in [-1, 1].
-    """
-    mid = round(RESIZE_RATIO * image_size)
-    img = TF.resize(img, mid, interpolation=InterpolationMode.LANCZOS)
-    if crop == "random":
-        w, h = img.size
-        span_h, span_w = h - image_size + 1, w - image_size + 1
-        top, left = mixed_radix_digits(draws[0], span_h, span_w)
-        img = TF.crop(img, top, left, image_size, image_size)
-    else:
-        img = TF.center_crop(img, [image_size, image_size])
-    if decide_flip(flip, draws):
-        img = TF.hflip(img)
-    x_3HW = TF.to_tensor(img)
-    return x_3HW.add(x_3HW).add_(-1.0)
+def evenly_spaced(num_items: int, limit: int) -> tuple[int, ...]:
+    """Positions of `limit` items evenly spaced over `num_items` (all of them when `limit` is 0 or larger): in a
+    class-sorted folder listing every class stays represented."""
+    keep = num_items if limit <= 0 else min(limit, num_items)
+    step = max(num_items // keep, 1) if keep else 1
+    return tuple(range(0, step * keep, step))
 
 
 class UnreadableSkipper:
@@ -340,6 +318,8 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
         seed: data seed; the random crop/flip of sample i in epoch e depends only on (seed, e, i).
         flip: override the flip mode ("always" builds the mirrored variant of a token cache).
         index: a previous scan of `root` (skips re-scanning).
+        limit: N > 0 keeps N images evenly spaced over the class-sorted listing (`evenly_spaced`: every class
+            stays represented); 0 keeps all.
     """
 
     def __init__(
@@ -352,8 +332,10 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
         seed: int = 0,
         flip: FlipMode | None = None,
         index: FolderIndex | None = None,
+        limit: int = 0,
     ) -> None:
         self.index = index if index is not None else scan_image_folder(root)
+        self.positions = evenly_spaced(len(self.index.files), limit)
         self.root = self.index.root
         self.classes = self.index.classes
         self.image_size = image_size
@@ -388,18 +370,18 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
         self._epoch.set(epoch)
 
     def __len__(self) -> int:
-        return len(self.index.files)
+        return len(self.positions)
 
     def _position(self, index: int) -> int:
-        """The listing position of sample `index` (subclasses may show a subset of the listing)."""
-        return index
+        """The listing position of sample `index`."""
+        return self.positions[index]
 
     def _transform(self, img: Image.Image, index: int) -> torch.Tensor:
         """Resize, crop and flip one decoded image (sample `index`'s draws for the current epoch)."""
         draws = (
             augment_draws(self.seed, self.epoch, index) if (self.crop == "random" or self.flip == "random") else (0, 0)
         )
-        return preprocess(img, self.image_size, crop=self.crop, flip=self.flip, draws=draws)
+        return var_resize_crop(img, self.image_size, crop=self.crop, flip=self.flip, draws=draws)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         position, img = self._reader.read(self._position(index))
@@ -408,6 +390,7 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
 
     def describe(self) -> dict[str, Any]:
         """What identifies this dataset's content (for token-cache fingerprints)."""
+        limited = {"limit": len(self)} if len(self) < len(self.index.files) else {}
         return {
             "kind": "image-folder",
             "size": len(self),
@@ -416,4 +399,5 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
             "image_size": self.image_size,
             "crop": self.crop,
             "flip": self.flip,
+            **limited,
         }

@@ -1,36 +1,81 @@
-"""Synthetic image sets that need no files: deterministic, learnable, for tests, `--debug` and benchmarks.
+"""The one synthetic image generator (data kind `fake`): deterministic, learnable images that need no files, for tests,
+`--debug` runs, golden losses and benchmarks.
 
-Shapes: N images, K classes, 3/H/W channels and side.
+Each of K classes has its own colour and its own stripe orientation; every image adds a random stripe phase, a
+brightness jitter and pixel noise, so a small model climbs well above chance (1 / K) within a few epochs:
+
+    pixel = colour_k + 45 sin(2 pi (x cos a_k + y sin a_k) / (S / 4) + phase) + brightness + N(0, 30), rounded to uint8
+
+Orientations a_k = k x 90 / K degrees (0, 9, ..., 81 for 10 classes): a horizontal flip maps a to 180 - a, which no
+class uses, so flip augmentation never turns one class's pattern into another's. The colours come from a random
+stream that is drawn first, so the training and the held-out split share them.
+
+The training split (`num_train` images) and the held-out split (`num_eval`) are drawn from one NumPy stream of
+`seed`: colours, then the training labels and images, then the held-out ones. Labels are balanced and shuffled.
+Recipes read the images in memory (`trainlab.data.sources`), or written in CIFAR-10's file format
+(`trainlab.data.fake_cifar`: the CIFAR recipe exercises its real reader with them).
+
+Computed in float64: NumPy's float32 sin / cos take CPU-specific SIMD paths, and a last-bit difference moves a pixel
+across a rounding boundary; in float64 such a difference is far below what rounds to another byte, so the bytes are
+the same on every CPU.
+
+Shape legend: N images, K classes, 3 RGB channels, S (= H = W) image side.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+STRIPE_AMPLITUDE = 45.0
+NOISE_STD = 30.0
 
 
-def smooth_noise_images(num_images: int, image_size: int, seed: int) -> torch.Tensor:
-    """Smooth random RGB images (N, 3, H, W) in [-1, 1]: low-resolution noise, bilinearly upsampled, tanh."""
-    g = torch.Generator().manual_seed(seed)
-    low = max(image_size // 4, 1)
-    noise_N3hw = torch.randn(num_images, 3, low, low, generator=g)
-    return torch.tanh(F.interpolate(noise_N3hw, size=(image_size, image_size), mode="bilinear")).contiguous()
+@dataclass(frozen=True, eq=False)
+class SyntheticImages:
+    """One split: uint8 images (N, 3, S, S) and int64 labels (N,) in [0, K)."""
+
+    images_N3SS: np.ndarray
+    labels_N: np.ndarray
 
 
-def class_gradient_images(
-    num_images: int, image_size: int, num_classes: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class-dependent horizontal colour gradients plus noise: images (N, 3, H, W) in [-1, 1] and labels (N,).
+def synthetic_splits(
+    num_train: int, num_eval: int, *, image_size: int, num_classes: int, seed: int = 0
+) -> tuple[SyntheticImages, SyntheticImages]:
+    """The training and the held-out split of the synthetic set (module docstring).
 
-    The class colours are fixed (they do not depend on `seed`), so splits drawn with different seeds share them.
+    Args:
+        num_train: training images.
+        num_eval: held-out images (drawn after the training ones, from the same stream).
+        image_size: S, the side of the square images (stripes have a period of S / 4 pixels).
+        num_classes: K.
+        seed: the stream; the same arguments give the same bytes on every machine.
+
+    Returns:
+        (training split, held-out split).
     """
-    g = torch.Generator().manual_seed(seed)
-    colors_K32 = torch.rand(num_classes, 3, 2, generator=torch.Generator().manual_seed(1234)) * 2 - 1
-    labels_N = torch.arange(num_images) % num_classes
-    ramp_W = torch.linspace(0, 1, image_size)
-    ramp_HW = ramp_W.view(1, -1).expand(image_size, -1)
-    start_N311 = colors_K32[labels_N, :, 0].view(-1, 3, 1, 1)
-    end_N311 = colors_K32[labels_N, :, 1].view(-1, 3, 1, 1)
-    img_N3HW = start_N311 + (end_N311 - start_N311) * ramp_HW
-    img_N3HW = img_N3HW + 0.15 * torch.randn(num_images, 3, image_size, image_size, generator=g)
-    return img_N3HW.clamp(-1, 1), labels_N
+    rng = np.random.default_rng(seed)
+    palette_K3 = rng.uniform(40, 215, size=(num_classes, 3))
+    train = _split(rng, num_train, image_size, palette_K3)
+    held_out = _split(rng, num_eval, image_size, palette_K3)
+    return train, held_out
+
+
+def _split(rng: np.random.Generator, num: int, side: int, palette_K3: np.ndarray) -> SyntheticImages:
+    num_classes = len(palette_K3)
+    labels_N = rng.permutation(np.arange(num) % num_classes).astype(np.int64)
+    yy_SS, xx_SS = np.mgrid[0:side, 0:side].astype(np.float64)
+    angle_N = labels_N.astype(np.float64) * (math.pi / 2 / num_classes)
+    phase_N = rng.uniform(0, 2 * math.pi, size=num)
+    coord_NSS = np.cos(angle_N)[:, None, None] * xx_SS[None] + np.sin(angle_N)[:, None, None] * yy_SS[None]
+    stripes_NSS = np.sin(2 * math.pi * coord_NSS / (side / 4) + phase_N[:, None, None])
+    brightness_N = rng.uniform(-25, 25, size=num)
+    img_N3SS = (
+        palette_K3[labels_N][:, :, None, None]
+        + STRIPE_AMPLITUDE * stripes_NSS[:, None]
+        + brightness_N[:, None, None, None]
+        + rng.normal(0, NOISE_STD, size=(num, 3, side, side))
+    )
+    return SyntheticImages(np.clip(np.rint(img_N3SS), 0, 255).astype(np.uint8), labels_N)

@@ -5,6 +5,8 @@ Shapes: N samples, 3/H/W image channels and side.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.utils.data import Dataset
 
@@ -53,3 +55,30 @@ class TensorImageDataset(Dataset[dict[str, torch.Tensor]]):
         if decide_flip(self.flip, draws):
             img_3HW = img_3HW.flip(-1)
         return {"image": img_3HW.contiguous(), "label": self.labels_N[index].clone()}
+
+
+class MapImage(Dataset[dict[str, torch.Tensor]]):
+    """Another dataset's samples with `fn` applied to their "image" (`set_epoch` and `skipped_images` pass on).
+
+    `fn` must be picklable (a module-level function or a `functools.partial` of one) for loader worker processes.
+    """
+
+    def __init__(self, data: Dataset[dict[str, torch.Tensor]], fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.data, self.fn = data, fn
+
+    def __len__(self) -> int:
+        return len(self.data)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        sample = self.data[index]
+        return {**sample, "image": self.fn(sample["image"])}
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.data, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
+
+    @property
+    def skipped_images(self) -> int:
+        """Unreadable images the underlying dataset replaced (0 when it reads no files)."""
+        return int(getattr(self.data, "skipped_images", 0))

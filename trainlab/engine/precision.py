@@ -26,20 +26,16 @@ import logging
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from trainlab.engine.precision_names import PRECISION_MODES
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-PrecisionName = Literal[
-    "fp32", "fp16", "fp16-scale", "bf16", "fp16-amp", "fp16-amp-scale", "bf16-amp", "bf16-amp-scale", "fp64"
-]
-PRECISION_MODES: tuple[str, ...] = get_args(PrecisionName)
-LAB_PRECISIONS: tuple[str, ...] = tuple(m for m in PRECISION_MODES if m != "fp64")  # the eight training modes
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 _WHY_REFUSED = {
     "fp64-amp": "autocast has no float64 mode; use fp64 (float64 throughout)",

@@ -64,6 +64,8 @@ ENGINE_MAY_CHANGE = (
     "activation_checkpointing",  # the same losses and gradients, recomputed
     "compile",  # the same computation, float arithmetic reordered
     "ddp_find_unused_parameters",
+    "dist_timeout",  # how long the collectives wait, not what they compute
+    "health_every",  # observed steps only read tensors: the same losses (engine/health.py)
     "memory_snapshot",
     "debug",
 )
@@ -74,8 +76,9 @@ ALWAYS_RECORDED = ("seed", "precision", "epochs", "batch_size", "grad_accumulati
 
 def may_change(key: str, recipe_fields: Iterable[str]) -> bool:
     """Whether the dotted config key `key` may differ from the checkpoint's on resume."""
-    top = key.split(".")[0]
-    return top in ENGINE_MAY_CHANGE or top in set(recipe_fields) or top.endswith(LEARNING_RATE_SUFFIX)
+    top, fields = key.split(".")[0], set(recipe_fields)
+    named = key in fields or top in fields  # a field (`data.root`), or a whole group (`schedule`)
+    return named or top in ENGINE_MAY_CHANGE or key.endswith(LEARNING_RATE_SUFFIX)
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -239,7 +242,7 @@ def check_fits(
                 f"checkpoint {path} was trained on a dataset of {data['dataset_size']} samples "
                 f"({data['steps_per_epoch']} steps per epoch) but this run's has {dataset_size} samples "
                 f"({steps_per_epoch} steps per epoch at batch {batch_size}): the schedule's length would change; "
-                "resume with the same data (--data-root), or start over (--overwrite or a new --run-dir)"
+                "resume with the same data (--data.root), or start over (--overwrite or a new --run-dir)"
             )
     else:  # written before checkpoints recorded the data: the schedulers' horizon says the same
         for name, sched in state["schedulers"].items():
@@ -247,7 +250,7 @@ def check_fits(
                 raise UsageError(
                     f"checkpoint {path} was trained with a schedule of {sched['total_steps']} steps ({name}) but this "
                     f"run's data gives {total_steps} ({dataset_size} samples, {steps_per_epoch} steps per epoch at "
-                    f"batch {batch_size}): another dataset size; resume with the same data (--data-root), or start "
+                    f"batch {batch_size}): another dataset size; resume with the same data (--data.root), or start "
                     "over (--overwrite or a new --run-dir)"
                 )
     step, epoch, in_epoch = state["step"], state["epoch"], state["step_in_epoch"]

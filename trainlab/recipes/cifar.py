@@ -2,7 +2,9 @@
 
 Standard recipe (kuangliu/pytorch-cifar): random crop 4 + horizontal flip, SGD momentum 0.9, weight decay 5e-4,
 cosine learning rate, 200 epochs, per-epoch test accuracy. The final-epoch accuracy is the result; the best epoch is
-reported only as a labelled extra (choosing it uses the test set). Shapes: B batch, K classes.
+reported only as a labelled extra (choosing it uses the test set). Data: CIFAR-10 from --data.root, or --data.kind
+fake: synthetic images written in CIFAR-10's file format (run_dir/fake-cifar10) and read by the same reader.
+Shapes: B batch, K classes.
 """
 
 from __future__ import annotations
@@ -18,42 +20,55 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import option
-from trainlab.data.cifar import CifarAugmentDataset, load_cifar10
-from trainlab.data.fake_cifar import write_fake_cifar10
+from trainlab.data.cifar import CIFAR10_MEAN, CIFAR10_STD
+from trainlab.data.cifar_config import CifarData, upgrade_fake_data
+from trainlab.data.sources import open_split
+from trainlab.data.transforms import Normalise, PadCropFlip
 from trainlab.dtypes import at_least_float32
 from trainlab.engine.metrics import progress
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
-from trainlab.models.cifar_resnet import CifarResNet
-from trainlab.models.cifar_vgg import CifarVGG
-from trainlab.models.registry import create_model, list_models
+from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
+from trainlab.models.registry import create_model
+from trainlab.optim.config import OptimConfig
+
+
+@dataclasses.dataclass(kw_only=True)
+class CifarOptimConfig(OptimConfig):
+    """The optimizer group with CIFAR's former `--momentum` spelling (now `--optim.momentum`)."""
+
+    momentum: float = option(0.9, "SGD momentum", ge=0, lt=1, deprecated=("--momentum", "--optimizer-momentum"))
 
 
 @dataclasses.dataclass(kw_only=True)
 class CifarConfig(TrainConfig):
     """Train a CIFAR-10 classifier (VGG-11/13/16/19, ResNet-18/34/50 with CIFAR stems, or their debug variants)."""
 
-    run_dir: Path = option(Path("runs/cifar"), "output directory")
-    model: str = option("resnet18", "vgg11, vgg13, vgg16, vgg19, resnet18, resnet34, resnet50, vgg_debug, resnet_debug")
-    data_root: Path = option(Path("data/cifar10"), "folder holding cifar-10-batches-py/")
-    download: bool = option(False, "download CIFAR-10 into data_root if it is missing (needs the network)")
-    fake_data: int = option(
-        0, "N > 0: write and use a synthetic CIFAR-format set of N train images (tests, debug)", ge=0
+    run_dir: Path = option(
+        Path("runs/cifar"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
     )
+    model: CifarModel = option(
+        "cifar_resnet18",
+        "registry name: kuangliu's CIFAR ResNets / VGGs (3x3 stem, PyTorch's default init)",
+        deprecated_values=FORMER_CIFAR_NAMES,
+    )
+    data: CifarData = option(CifarData(), "which images")
     epochs: int = option(200, "number of epochs", ge=1)
     batch_size: int = option(128, "global batch per optimizer step", gt=0)
     eval_batch_size: int = option(500, "batch size for the test-set evaluation", ge=1)
-    learning_rate: float = option(0.1, "peak learning rate (SGD); scale it with the batch size", gt=0)
-    momentum: float = option(0.9, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = option(5e-4, "weight decay (all parameters, as in the reference recipe)", ge=0)
+    optim: CifarOptimConfig = option(
+        CifarOptimConfig(name="sgd", learning_rate=0.1, momentum=0.9, weight_decay=5e-4),
+        "SGD, peak lr 0.1 at batch 128 (scale it with the batch size), momentum 0.9, weight decay 5e-4 on all "
+        "parameters (the reference recipe)",
+    )
     schedule: ScheduleConfig = option(ScheduleConfig(kind="cosine"), "learning-rate schedule (per optimizer step)")
+    fake_data: int = option(
+        0, "former spelling (until the next release): N > 0 is --data.kind fake --data.fake-size N", ge=0
+    )
 
     def validate(self) -> None:
         super().validate()
-        from trainlab.errors import UsageError
-
-        if self.model not in list_models():
-            raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
+        self.data, self.fake_data = upgrade_fake_data(self.data, self.fake_data), 0
 
 
 class CifarRecipe(Recipe[CifarConfig]):
@@ -61,40 +76,26 @@ class CifarRecipe(Recipe[CifarConfig]):
     config_class = CifarConfig
     best_metric = "test_accuracy"
     best_mode = "max"
-    resume_may_change = ("data_root", "download", "eval_batch_size")
-    supports_activation_checkpointing = True  # per ResNet stage / per VGG block between max-pools
+    resume_may_change = ("data.root", "data.download", "eval_batch_size")
 
     def __init__(self, config: CifarConfig) -> None:
         super().__init__(config)
         self._test_loader: DataLoader[Any] | None = None
 
-    def _root(self) -> Path:
-        c = self.config
-        if c.fake_data > 0:
-            root = c.run_dir / "fake-cifar10"
-            if not (root / "cifar-10-batches-py").is_dir():
-                write_fake_cifar10(root, num_train=c.fake_data, num_test=max(c.fake_data // 4, 16), seed=c.seed)
-            return root
-        return c.data_root
-
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         model = create_model(c.model, num_classes=10).to(device)
-        assert isinstance(model, CifarResNet | CifarVGG), type(model)
-        model.activation_checkpointing = c.activation_checkpointing
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=c.learning_rate, momentum=c.momentum, weight_decay=c.weight_decay
-        )
+        optimizer = c.optim.build(model.parameters(), batch_size=c.batch_size, device=device)
         return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])])
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
-        root = self._root()
-        train_raw = load_cifar10(root, train=True, download=c.download)
-        test_raw = load_cifar10(root, train=False, download=False)
-        test_set = CifarAugmentDataset.from_cifar10(test_raw, augment=False)
-        self._test_loader = DataLoader(test_set, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
-        return CifarAugmentDataset.from_cifar10(train_raw, augment=True, seed=c.seed)
+        files = c.run_dir / "fake-cifar10"  # kind fake: written in CIFAR-10's format, read by the real reader
+        train = open_split(c.data, "train", PadCropFlip(CIFAR10_MEAN, CIFAR10_STD), seed=c.seed, fake_files=files)
+        test = open_split(c.data, "eval", Normalise(32, CIFAR10_MEAN, CIFAR10_STD), seed=c.seed, fake_files=files)
+        assert train is not None and test is not None
+        self._test_loader = DataLoader(test.images, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
+        return train.images
 
     def example_batch(self, batch_size: int) -> Batch:
         return {"image": torch.zeros(batch_size, 3, 32, 32), "label": torch.zeros(batch_size, dtype=torch.long)}
@@ -123,11 +124,13 @@ class CifarRecipe(Recipe[CifarConfig]):
         return {"test_accuracy": correct / total, "test_loss": loss_sum / total}
 
     def debug_config(self) -> CifarConfig:
-        debug_model = "vgg_debug" if self.config.model.startswith("vgg") else "resnet_debug"
+        debug_model: CifarModel = (
+            "cifar_vgg_debug" if self.config.model.startswith("cifar_vgg") else "cifar_resnet_debug"
+        )
         return dataclasses.replace(
             self.config,
             model=debug_model,
-            fake_data=128,
+            data=dataclasses.replace(self.config.data, kind="fake", fake_size=128, train_limit=0, eval_limit=0),
             batch_size=16,
             epochs=2,
             max_steps=-1,

@@ -10,7 +10,9 @@ the start of step 0, and none runs after the last step, so the final weights are
 
 Learning rate: base x global batch / 256 (official), warm-up then cosine per iteration (the engine's schedule;
 set `schedule.warmup_fraction` = warm-up epochs / epochs). Evaluation: weighted kNN (cosine, k=200, T=0.1) of the
-base encoder's backbone features, held-out queries against the un-augmented training set.
+base encoder's backbone features, held-out queries against the un-augmented training set (a bank and queries of at
+most --data.eval-limit images each; on an image folder the monitor needs that limit, ImageNet's whole training set
+is left to `trainlab eval knn`).
 Shape legend: B batch, C channels, H/W pixels, N images, F feature width.
 """
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,29 +29,58 @@ from torch.utils.data import Dataset
 
 from trainlab import dist
 from trainlab.config import option
-from trainlab.data.ssl_views import HALF, IMAGENET_MEAN, IMAGENET_STD, TensorTwoViews, ViewSpec, normalise
+from trainlab.data.config import (
+    DataConfig,
+    DataKind,
+    check_image_size,
+    eval_limit_option,
+    kind_option,
+    max_images,
+    root_option,
+    train_limit_option,
+)
+from trainlab.data.sources import EvalImages, eval_images, normalisation, open_split
+from trainlab.data.transforms import TwoViews
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
-from trainlab.evaluate.knn import extract_features, knn_accuracy
-from trainlab.models.moco import MOCO_ARCHS, MoCo, MocoArch, cosine_momentum, official_checkpoint
-from trainlab.optim import LARS
+from trainlab.evaluate.features import extract_features
+from trainlab.evaluate.knn import knn_accuracy
+from trainlab.models.backbones.vit import check_vit_image_size
+from trainlab.models.moco import MoCo, is_vit, official_checkpoint
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
+from trainlab.optim.config import OptimConfig
+from trainlab.optim.momentum import cosine_momentum
 
-SslData = Literal["digits", "cifar10", "image-folder"]
-OptimizerName = Literal["lars", "adamw"]
+
+@dataclasses.dataclass(kw_only=True)
+class MocoData(DataConfig):
+    """MoCo's images: CIFAR-10 (the default), an ImageNet-layout folder (the official runs), the bundled digits or
+    fake images, through `two_views` for training and `normalise` for the kNN monitor."""
+
+    kind: DataKind = kind_option("cifar10", DataKind, deprecated=("--data",))
+    root: Path = root_option(Path("data/cifar10"), DataKind, deprecated=("--data-root",))
+    train_limit: int = train_limit_option(deprecated=("--train-subset",))
+    eval_limit: int = eval_limit_option(
+        0, "images each in the kNN monitor's bank (training split) and queries (held-out split); image-folder: "
+        "0 turns the monitor off", deprecated=("--eval-subset",),
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(kw_only=True)
 class MocoConfig(TrainConfig):
     """MoCo v3 pretraining of a ResNet or ViT (official defaults: ResNet-50, LARS, T 1.0; see configs/moco_*)."""
 
-    run_dir: Path = option(Path("runs/moco"), "output directory")
-    arch: MocoArch = option("resnet18_cifar", "backbone: " + ", ".join(MOCO_ARCHS))
-    data: SslData = option("cifar10", "digits (bundled, CPU), cifar10 (data_root/cifar-10-batches-py) or image-folder")
-    data_root: Path = option(
-        Path("data/cifar10"), "cifar10: folder with cifar-10-batches-py/; image-folder: train/, val/"
+    run_dir: Path = option(
+        Path("runs/moco"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
     )
-    train_subset: int = option(0, "N > 0: train on the first N training images only (0: all)", ge=0)
+    model: MocoBackbone = option(
+        "tv_resnet18_cifar",
+        "backbone (registry name): torchvision ResNets tv_*, MoCo v3 ViTs moco_vit_*",
+        deprecated=("--arch",),
+        deprecated_values=FORMER_MOCO_BACKBONES,
+    )
+    data: MocoData = option(MocoData(), "which images")
     image_size: int = option(32, "view side in pixels (official 224; CIFAR 32; digits 8-32)", ge=1)
     crop_min: float = option(
         0.08, "smallest RandomResizedCrop area fraction (official --crop-min: R50 0.2, ViT 0.08)", gt=0, le=1
@@ -61,10 +92,11 @@ class MocoConfig(TrainConfig):
     momentum: float = option(0.99, "momentum-encoder coefficient m0 (official --moco-m; 1: frozen keys)", ge=0, le=1)
     momentum_cosine: bool = option(True, "cosine schedule of m from m0 to 1 per iteration (official --moco-m-cos)")
     stop_grad_conv1: bool = option(False, "ViT: keep the patch projection at its random init (--stop-grad-conv1)")
-    optimizer: OptimizerName = option("lars", "lars (ResNet) or adamw (ViT)")
-    base_learning_rate: float = option(0.6, "learning rate per 256 images; lr = base x batch_size / 256 (--lr)", gt=0)
-    weight_decay: float = option(1e-6, "weight decay (official --wd: LARS 1e-6, AdamW 0.1)", ge=0)
-    optimizer_momentum: float = option(0.9, "LARS momentum", ge=0, lt=1)
+    optim: OptimConfig = option(
+        OptimConfig(name="lars", base_learning_rate=0.6, momentum=0.9, weight_decay=1e-6),
+        "official: lars (ResNet) or adamw (ViT); base lr per 256 images (--lr), lr = base x batch_size / 256; "
+        "weight decay (--wd) LARS 1e-6, AdamW 0.1",
+    )
     sync_batchnorm: bool = option(True, "SyncBatchNorm when distributed on CUDA (as the official code)")
     batch_size: int = option(512, "global batch per optimizer step (official 4096)", gt=0)
     epochs: int = option(100, "number of epochs", ge=1)
@@ -75,138 +107,26 @@ class MocoConfig(TrainConfig):
     knn_temperature: float = option(
         0.1, "kNN monitor: temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
     )
-    eval_subset: int = option(
-        0, "N > 0: kNN bank and queries use the first N images of each split (debug; 0: all)", ge=0
-    )
     eval_batch_size: int = option(256, "batch size of the feature extraction", ge=1)
 
     def validate(self) -> None:
         super().validate()
-        check_image_size(self.data, self.image_size, self.arch)
-        check_knn_k(self.knn_k, "--knn-k", self.data, self.eval_subset, "--eval-subset")
+        check_image_size(self.data.kind, self.image_size)
+        check_vit_image_size(self.model, self.image_size)
+        check_knn_k(self.knn_k, "--knn-k", self.data.kind, self.data.eval_limit)
 
 
-def check_image_size(data: SslData, image_size: int, arch: str | None) -> None:
-    """Refuse an image side the data or the backbone cannot take (digits 8-32 px; a ViT's side divides by its patch).
-
-    Args:
-        data: the data set.
-        image_size: the input side (--image-size).
-        arch: the backbone that will be built at that size, or None when it comes from a checkpoint.
-
-    Raises:
-        UsageError: one line naming --image-size and the sizes that work.
-    """
-    from trainlab.data.digits import MAX_RESOLUTION, MIN_RESOLUTION
-    from trainlab.models.moco.vit import VIT_SIZES
-
-    if data == "digits" and not MIN_RESOLUTION <= image_size <= MAX_RESOLUTION:
-        raise UsageError(f"digits are {MIN_RESOLUTION} to {MAX_RESOLUTION} px; got --image-size {image_size}")
-    vit = VIT_SIZES.get(arch or "")
-    if vit is not None and (image_size % vit.patch_size or image_size < vit.patch_size):
-        raise UsageError(
-            f"--arch {arch} cuts images into {vit.patch_size}-px patches: --image-size must be a multiple of "
-            f"{vit.patch_size}, got {image_size}"
-        )
-
-
-def check_knn_k(k: int, k_flag: str, data: SslData, subset: int, subset_flag: str) -> None:
+def check_knn_k(k: int, k_flag: str, kind: str | None, eval_limit: int) -> None:
     """Refuse more kNN neighbours than the bank can hold, where a bound on its size is known before any image is
-    read (the bundled digits' 4,000 training images, or a subset): otherwise the run would fail at its first
+    read (the bundled digits' 4,000 training images, or --data.eval-limit): otherwise the run would fail at its first
     evaluation, after a whole epoch.
 
     Raises:
         UsageError: `k` exceeds the bank.
     """
-    from trainlab.data.digits import NUM_CLASSES, TRAIN_PER_CLASS
-
-    full = NUM_CLASSES * TRAIN_PER_CLASS if data == "digits" else None
-    sizes = [n for n in (full, subset if subset > 0 else None) if n is not None]
-    if sizes and k > min(sizes):
-        bank = min(sizes)
-        why = f"{subset_flag} {subset}" if bank == subset else f"the training images of {data}"
-        raise UsageError(f"{k_flag}: k={k} must be between 1 and the bank size {bank} ({why}); lower {k_flag}")
-
-
-@dataclasses.dataclass
-class EvalImages:
-    """Normalised, un-augmented images of a kNN bank (training split) and its queries (held-out split)."""
-
-    bank_N3HW: torch.Tensor
-    bank_labels_N: torch.Tensor
-    query_N3HW: torch.Tensor
-    query_labels_N: torch.Tensor
-    num_classes: int
-
-
-def _first(n: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return tuple(t[:n] if n > 0 else t for t in tensors)
-
-
-def load_train_images(data: SslData, data_root: Path, image_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training images in [0, 1] (or uint8), (N, 3, H, W), and labels: digits at `image_size`, CIFAR-10 at 32."""
-    if data == "digits":
-        from trainlab.data.digits import load_digits_dataset
-
-        train = load_digits_dataset(resolution=image_size, split="train", seed=seed)
-        return train.images_N3HW.add(1.0).div(2.0), train.labels_N
-    if data == "cifar10":
-        from trainlab.data.cifar import load_cifar10
-
-        raw = load_cifar10(data_root, train=True)
-        return torch.from_numpy(raw.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(raw.targets)
-    raise UsageError(f"load_train_images has no in-memory form for {data!r}")
-
-
-def normalisation(data: SslData) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-    """(mean, std) of the inputs: digits [-1, 1], CIFAR-10 its statistics, image folders ImageNet's."""
-    if data == "digits":
-        return HALF, HALF
-    if data == "cifar10":
-        from trainlab.data.cifar import CIFAR10_MEAN, CIFAR10_STD
-
-        return CIFAR10_MEAN, CIFAR10_STD
-    return IMAGENET_MEAN, IMAGENET_STD
-
-
-def load_eval_images(data: SslData, data_root: Path, image_size: int, seed: int, subset: int = 0) -> EvalImages:
-    """Bank (training split) and queries (held-out split), normalised as in training, no augmentation.
-
-    digits: 4,000 train / 1,000 held-out; CIFAR-10: 50,000 train / 10,000 test; image folders: train/ and val/ at
-    `image_size` (resize 1.143x + centre crop); `subset` > 0 keeps the first `subset` of each.
-    """
-    mean, std = normalisation(data)
-    if data == "digits":
-        from trainlab.data.digits import load_digits_dataset
-
-        bank = load_digits_dataset(resolution=image_size, split="train", seed=seed)
-        query = load_digits_dataset(resolution=image_size, split="heldout", seed=seed)
-        b_img, b_lab, q_img, q_lab = bank.images_N3HW, bank.labels_N, query.images_N3HW, query.labels_N
-        b_img, q_img = b_img.add(1.0).div(2.0), q_img.add(1.0).div(2.0)
-        num_classes = 10
-    elif data == "cifar10":
-        from trainlab.data.cifar import load_cifar10
-
-        train, test = load_cifar10(data_root, train=True), load_cifar10(data_root, train=False)
-        b_img = torch.from_numpy(train.data).permute(0, 3, 1, 2)
-        q_img = torch.from_numpy(test.data).permute(0, 3, 1, 2)
-        b_lab, q_lab = torch.tensor(train.targets), torch.tensor(test.targets)
-        num_classes = 10
-    else:
-        from trainlab.data.image_folder import ImageFolderDataset
-
-        parts = []
-        for split in ("train", "val"):
-            folder = ImageFolderDataset(data_root / split, image_size=image_size, train=False)
-            n = len(folder) if subset <= 0 else min(subset, len(folder))
-            step = max(len(folder) // n, 1)
-            items = [folder[i] for i in range(0, step * n, step)]
-            imgs = torch.stack([it["image"] for it in items]).add(1.0).div(2.0)
-            parts.append((imgs, torch.stack([it["label"] for it in items]), folder.num_classes))
-        (b_img, b_lab, num_classes), (q_img, q_lab, _) = parts
-    b_img, b_lab = _first(subset, b_img, b_lab)
-    q_img, q_lab = _first(subset, q_img, q_lab)
-    return EvalImages(normalise(b_img, mean, std), b_lab.long(), normalise(q_img, mean, std), q_lab.long(), num_classes)
+    bound = max_images(kind, "train", eval_limit, "--data.eval-limit")
+    if bound is not None and k > bound[0]:
+        raise UsageError(f"{k_flag}: k={k} must be between 1 and the bank size {bound[0]} ({bound[1]}); lower {k_flag}")
 
 
 def knn_of_features(
@@ -235,53 +155,39 @@ def _unwrap(model: nn.Module) -> MoCo:
 class MocoRecipe(Recipe[MocoConfig]):
     name = "moco"
     config_class = MocoConfig
-    resume_must_match = ("arch", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optimizer")
-    resume_may_change = ("data_root", "knn_k", "knn_temperature", "eval_subset", "eval_batch_size")  # kNN monitor
-    supports_activation_checkpointing = True  # per ViT block / per ResNet stage
+    resume_must_match = ("model", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optim")
+    resume_may_change = ("data.root", "knn_k", "knn_temperature", "data.eval_limit", "eval_batch_size")  # kNN monitor
 
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
         self._eval_images: EvalImages | None = None
 
-    def learning_rate(self) -> float:
-        """The official linear scaling: base x global batch / 256."""
-        return self.config.base_learning_rate * self.config.batch_size / 256
-
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         model = MoCo(
-            c.arch,
+            c.model,
             dim=c.projection_dim,
             mlp_dim=c.mlp_hidden_dim,
             temperature=c.temperature,
             image_size=c.image_size,
             stop_grad_conv1=c.stop_grad_conv1,
         )
-        model.set_activation_checkpointing(c.activation_checkpointing)
         if dist.world_size() > 1:
             model.gather_keys = dist.gather_keys
             if c.sync_batchnorm and device.type == "cuda":
                 model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer: torch.optim.Optimizer
-        if c.optimizer == "lars":
-            optimizer = LARS(params, self.learning_rate(), weight_decay=c.weight_decay, momentum=c.optimizer_momentum)
-        else:
-            optimizer = torch.optim.AdamW(params, self.learning_rate(), weight_decay=c.weight_decay)
+        optimizer = c.optim.build(params, batch_size=c.batch_size, device=device)
         return TrainParts(models={"moco": model}, phases=[Phase("main", optimizer, ["moco"])])
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
-        mean, std = normalisation(c.data)
-        spec = ViewSpec(image_size=c.image_size, crop_min=c.crop_min, blur=c.blur, mean=mean, std=std)
-        if c.data == "image-folder":
-            from trainlab.data.ssl_views import FolderTwoViews
-
-            return FolderTwoViews(c.data_root / "train", spec, seed=c.seed)
-        images, labels = load_train_images(c.data, c.data_root, c.image_size, c.seed)
-        images, labels = _first(c.train_subset, images, labels)
-        return TensorTwoViews(images, labels, spec, seed=c.seed)
+        mean, std = normalisation(c.data.kind)
+        views = TwoViews(image_size=c.image_size, crop_min=c.crop_min, blur=c.blur, mean=mean, std=std)
+        train = open_split(c.data, "train", views, seed=c.seed)
+        assert train is not None
+        return train.images
 
     def example_batch(self, batch_size: int) -> Batch:
         s = self.config.image_size
@@ -312,10 +218,10 @@ class MocoRecipe(Recipe[MocoConfig]):
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
         c = self.config
-        if c.data == "image-folder" and c.eval_subset <= 0:
+        if c.data.kind == "image-folder" and c.data.eval_limit <= 0:
             return {}  # a kNN bank of a whole ImageNet-size folder is left to `trainlab eval knn`
         if self._eval_images is None:
-            self._eval_images = load_eval_images(c.data, c.data_root, c.image_size, c.seed, c.eval_subset)
+            self._eval_images = eval_images(c.data, c.image_size)
         model = _unwrap(models["moco"])
         dtype = next(model.parameters()).dtype
         acc = knn_of_features(
@@ -336,12 +242,10 @@ class MocoRecipe(Recipe[MocoConfig]):
         torch.save(state, self.config.run_dir / "checkpoint_official.pth.tar")
 
     def debug_config(self) -> MocoConfig:
-        vit = self.config.arch.startswith("vit")
         return dataclasses.replace(
             self.config,
-            arch="vit_debug" if vit else "resnet_debug",
-            data="digits",
-            train_subset=128,
+            model="moco_vit_debug" if is_vit(self.config.model) else "tv_resnet_debug",
+            data=dataclasses.replace(self.config.data, kind="digits", train_limit=128, eval_limit=128),
             image_size=16,
             crop_min=0.2,
             blur=False,
@@ -351,7 +255,6 @@ class MocoRecipe(Recipe[MocoConfig]):
             epochs=2,
             max_steps=-1,
             log_every=1,
-            eval_subset=128,
             knn_k=20,
             eval_batch_size=64,
             debug=False,

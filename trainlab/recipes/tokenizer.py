@@ -42,31 +42,36 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainlab import dist
 from trainlab.config import option
-from trainlab.data.splits import reconstruction_splits
+from trainlab.data.config import DataConfig, eval_limit_option, fake_size_option, kind_option, root_option
+from trainlab.data.sources import open_split
+from trainlab.data.transforms import VarResizeCrop
 from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
-from trainlab.evaluate.fid import feature_statistics, frechet_distance
+from trainlab.evaluate.frechet import feature_statistics, frechet_distance
 from trainlab.evaluate.inception import inception_features, load_inception
 from trainlab.evaluate.psnr import psnr
 from trainlab.losses.gan import GanLossKind, adaptive_gan_weight, discriminator_loss, generator_loss
 from trainlab.losses.perceptual import PerceptualLoss, load_perceptual_loss
 from trainlab.models.discriminator import NormKind, PatchDiscriminator
+from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAEName
 from trainlab.models.var.codebook import (
     DeadCodeTracker,
     EMACodebook,
     StepAssignments,
+    code_counts,
     code_usage,
     restart_codes_,
     scale_residuals,
     usage_from_counts,
 )
-from trainlab.models.var.vqvae import PATCH_NUMS_256, VQVAE, VQVAEConfig
+from trainlab.models.var.vqvae import PATCH_NUMS_256, VQVAE, VQVAEConfig, vqvae_config
+from trainlab.optim.config import OptimConfig
 
 log = logging.getLogger(__name__)
 
-DatasetKind = Literal["digits", "image-folder", "fake"]
+TokenizerKind = Literal["image-folder", "digits", "fake"]
 _ARCH_FIELDS = (
     "vocab_size",
     "z_channels",
@@ -81,13 +86,44 @@ _ARCH_FIELDS = (
 
 
 @dataclasses.dataclass(kw_only=True)
+class TokenizerData(DataConfig):
+    """The tokenizer's images: an ImageNet-layout folder, the bundled digits or fake images (labels unused), through
+    `var_resize_crop` at --image-size; the held-out split gives PSNR, codebook usage and rFID."""
+
+    kind: TokenizerKind = kind_option("image-folder", TokenizerKind, deprecated=("--dataset",))
+    root: Path = root_option(Path("data/imagenet"), TokenizerKind, deprecated=("--data-root",))
+    eval_limit: int = eval_limit_option(
+        1000, "held-out images (PSNR, codebook usage, rFID after each evaluated epoch)", deprecated=("--eval-size",)
+    )
+    fake_size: int = fake_size_option(deprecated=("--fake-size",))
+
+
+@dataclasses.dataclass(kw_only=True)
+class TokenizerOptimConfig(OptimConfig):
+    """The generator's optimizer group, with the tokenizer's former `--generator-learning-rate` spelling."""
+
+    learning_rate: float = option(
+        -1.0, "peak learning rate (-1: from --optim.base-learning-rate)", gt=0, sentinels=(-1,),
+        deprecated=("--learning-rate", "--generator-learning-rate"),
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(kw_only=True)
 class TokenizerConfig(TrainConfig):
     """Train VAR's multi-scale VQVAE tokenizer VQGAN-style (pixel + perceptual + PatchGAN losses; VQ or EMA codes)."""
 
-    run_dir: Path = option(Path("runs/tokenizer"), "output directory")
+    run_dir: Path = option(
+        Path("runs/tokenizer"),
+        "the run's folder: config, metrics, checkpoints; launched again, it resumes",
+        metavar="DIR",
+    )
     # ---- VQVAE architecture (defaults: the official vae_ch160v4096z32, 256 px)
-    vqvae_preset: Literal["custom", "official", "digits", "debug"] = option(
-        "custom", "custom: the architecture fields below; else a VQVAE preset (official 256 px, digits / debug 16 px)"
+    model: Literal["custom", VQVAEName] = option(
+        "custom",
+        "custom: the architecture fields below; else a registered VQVAE (vqvae_official 256 px, vqvae_digits / "
+        "vqvae_debug 16 px)",
+        deprecated=("--vqvae-preset",),
+        deprecated_values=FORMER_VQVAE_NAMES,
     )
     vocab_size: int = option(4096, "codebook size V", ge=1)
     z_channels: int = option(32, "latent / code channels", ge=1)
@@ -99,20 +135,17 @@ class TokenizerConfig(TrainConfig):
     share_quant_resi: int = option(4, "number of phi convs (0: one per scale)", ge=0)
     image_size: int = option(256, "image side; must equal patch_nums[-1] * downsample", ge=1)
     # ---- data
-    dataset: DatasetKind = option("image-folder", "digits (bundled MNIST subset), image-folder (--data-root), fake")
-    data_root: Path = option(Path("data/imagenet"), "image-folder: a folder with train/<class>/* and val/<class>/*")
+    data: TokenizerData = option(TokenizerData(), "which images")
     train_crop: Literal["center", "random"] = option(
         "center", "image-folder training crop after VAR's 1.125x Lanczos resize (held-out: always center)"
-    )
-    fake_size: int = option(256, "fake: number of synthetic training images", ge=1)
-    eval_size: int = option(
-        1000, "held-out images for PSNR / codebook usage / rFID after each evaluated epoch (0: none)", ge=0
     )
     eval_batch_size: int = option(64, "batch size of the held-out evaluation", ge=1)
     # ---- reconstruction and codebook
     reconstruction_loss: Literal["l1", "l2"] = option("l1", "pixel loss (taming: l1)")
     perceptual_loss_weight: float = option(1.0, "weight of the perceptual term (taming: 1.0)", ge=0)
-    perceptual_weights: str = option("", "local torchvision vgg16 state_dict (+ optional LPIPS lin weights); '': off")
+    perceptual_weights: str = option(
+        "", "local torchvision vgg16 state_dict (+ optional LPIPS lin weights); '': off", metavar="PATH"
+    )
     codebook_mode: Literal["vq", "ema"] = option("vq", "vq: codebook by gradient; ema: EMA updates (decay below)")
     commitment_beta: float = option(0.25, "commitment weight beta of the VQ loss", ge=0)
     codebook_weight: float = option(1.0, "weight of the VQ loss in the generator loss (taming: 1.0)", ge=0)
@@ -130,16 +163,29 @@ class TokenizerConfig(TrainConfig):
     discriminator_channels: int = option(64, "width of the discriminator's first conv", ge=1)
     discriminator_norm: NormKind = option("batch", "discriminator normalisation: batch (taming) or group")
     # ---- optimisation
-    generator_learning_rate: float = option(2.88e-4, "Adam learning rate of the VQVAE (taming: 4.5e-6 x batch)", gt=0)
-    discriminator_learning_rate: float = option(2.88e-4, "Adam learning rate of the discriminator", gt=0)
-    adam_beta1: float = option(0.5, "Adam beta1 for both optimizers (taming: 0.5)", ge=0, lt=1)
-    adam_beta2: float = option(0.9, "Adam beta2 for both optimizers (taming: 0.9)", ge=0, lt=1)
+    optim: TokenizerOptimConfig = option(
+        TokenizerOptimConfig(name="adam", learning_rate=2.88e-4, betas=(0.5, 0.9)),
+        "the VQVAE's optimizer (taming: Adam, lr 4.5e-6 x batch, betas 0.5 0.9); the discriminator's is the same "
+        "but for its learning rate",
+    )
+    discriminator_learning_rate: float = option(2.88e-4, "peak learning rate of the discriminator's optimizer", gt=0)
+    adam_beta1: float = option(
+        -1.0, "former spelling of the first --optim.betas value, until the next release (-1: unset)", ge=0, lt=1,
+        sentinels=(-1,),
+    )  # fmt: skip
+    adam_beta2: float = option(
+        -1.0, "former spelling of the second --optim.betas value, until the next release (-1: unset)", ge=0, lt=1,
+        sentinels=(-1,),
+    )  # fmt: skip
     batch_size: int = option(64, "global batch per optimizer step", gt=0)
     schedule: ScheduleConfig = option(ScheduleConfig(kind="constant"), "learning-rate schedule (taming: constant)")
     # ---- evaluation
-    inception_weights: str = option("", "local torch-fidelity Inception weights (pt_inception-2015-12-05) for rFID")
+    inception_weights: str = option(
+        "", "local torch-fidelity Inception weights (pt_inception-2015-12-05) for rFID", metavar="PATH"
+    )
 
     def validate(self) -> None:
+        self._adopt_former_betas()
         super().validate()
         self._resolve_preset()
         vq = self.vqvae_config()  # checks widths (UsageError)
@@ -154,10 +200,23 @@ class TokenizerConfig(TrainConfig):
                 "lower --discriminator-layers"
             )
 
-    def _resolve_preset(self) -> None:
-        if self.vqvae_preset == "custom":
+    def _adopt_former_betas(self) -> None:
+        """`--adam-beta1 B1` / `--adam-beta2 B2` (the former spellings) into `optim.betas`, with a warning."""
+        former = (self.adam_beta1, self.adam_beta2)
+        if former == (-1.0, -1.0):
             return
-        preset = VQVAEConfig.preset(self.vqvae_preset)
+        betas = tuple(new if new >= 0 else old for new, old in zip(former, self.optim.betas, strict=False))
+        log.warning(
+            "--adam-beta1 / --adam-beta2 (adam_beta1 / adam_beta2) are the former spellings of --optim.betas "
+            "(accepted until the next release); use --optim.betas %g %g",
+            *betas,
+        )
+        self.optim.betas, self.adam_beta1, self.adam_beta2 = betas, -1.0, -1.0
+
+    def _resolve_preset(self) -> None:
+        if self.model == "custom":
+            return
+        preset = vqvae_config(self.model)
         wanted = {name: getattr(preset, name) for name in _ARCH_FIELDS if name != "image_size"}
         wanted["image_size"] = preset.image_size
         defaults = {f.name: f.default for f in dataclasses.fields(TokenizerConfig) if f.name in _ARCH_FIELDS}
@@ -165,8 +224,7 @@ class TokenizerConfig(TrainConfig):
             current = getattr(self, name)
             if current != value and current != defaults[name]:
                 raise UsageError(
-                    f"--vqvae-preset {self.vqvae_preset} sets {name}; drop --{name.replace('_', '-')} or use "
-                    "--vqvae-preset custom"
+                    f"--model {self.model} sets {name}; drop --{name.replace('_', '-')} or use --model custom"
                 )
             setattr(self, name, value)
 
@@ -193,7 +251,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
     config_class = TokenizerConfig
     best_metric = "psnr"
     best_mode = "max"
-    resume_may_change = ("data_root", "eval_size", "eval_batch_size", "inception_weights")
+    resume_may_change = ("data.root", "eval_batch_size", "inception_weights")
 
     def __init__(self, config: TokenizerConfig) -> None:
         super().__init__(config)
@@ -226,10 +284,10 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         discriminator = PatchDiscriminator(
             3, c.discriminator_channels, c.discriminator_layers, norm=c.discriminator_norm
         ).to(device)
-        betas = (c.adam_beta1, c.adam_beta2)
         g_params = [p for p in vqvae.parameters() if p.requires_grad]
-        opt_g = torch.optim.Adam(g_params, lr=c.generator_learning_rate, betas=betas)
-        opt_d = torch.optim.Adam(discriminator.parameters(), lr=c.discriminator_learning_rate, betas=betas)
+        opt_g = c.optim.build(g_params, batch_size=c.batch_size, device=device)
+        d_optim = dataclasses.replace(c.optim, learning_rate=c.discriminator_learning_rate, base_learning_rate=-1.0)
+        opt_d = d_optim.build(discriminator.parameters(), batch_size=c.batch_size, device=device)
         log.info(
             "tokenizer: VQVAE %.2f M parameters, discriminator %.2f M; codebook %s (V=%d); GAN %s from step %d",
             sum(p.numel() for p in vqvae.parameters()) / 1e6,
@@ -247,16 +305,12 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
-        train_set, self._heldout = reconstruction_splits(
-            c.dataset,
-            data_root=c.data_root,
-            image_size=c.image_size,
-            random_crop=c.train_crop == "random",
-            fake_size=c.fake_size,
-            heldout_size=max(c.eval_size, 1),
-            seed=c.seed,
-        )
-        return train_set
+        crop = VarResizeCrop(c.image_size, crop=c.train_crop)
+        train = open_split(c.data, "train", crop, seed=c.seed)
+        heldout = open_split(c.data, "eval", VarResizeCrop(c.image_size), seed=c.seed)
+        assert train is not None
+        self._heldout = heldout.images if heldout is not None else None
+        return train.images
 
     def example_batch(self, batch_size: int) -> Batch:
         side = self.config.image_size
@@ -406,14 +460,14 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
     # -------------------------------------------------------------------------------------------- evaluation
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
         c = self.config
-        if c.eval_size == 0 or self._heldout is None:
+        if self._heldout is None:
             return {}
         vqvae = unwrap_model(models["vqvae"])
         assert isinstance(vqvae, VQVAE)
         dtype = vqvae.post_quant_conv.weight.dtype
         loader = DataLoader(self._heldout, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
         psnr_sum, count = 0.0, 0
-        counts_SV = torch.zeros(len(c.patch_nums), c.vocab_size, device=device)
+        counts_SV = torch.zeros(len(c.patch_nums), c.vocab_size, device=device)  # code_counts of every batch
         real_feats: list[torch.Tensor] = []
         fake_feats: list[torch.Tensor] = []
         inception = models.get("inception")
@@ -423,18 +477,17 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             recon_B3HW = at_least_float32(recon_B3HW).clamp(-1.0, 1.0)
             psnr_sum += psnr(recon_B3HW, at_least_float32(img_B3HW), data_range=2.0) * img_B3HW.shape[0]
             count += img_B3HW.shape[0]
-            for si, idx in enumerate(idx_list):
-                counts_SV[si] += torch.bincount(idx.flatten(), minlength=c.vocab_size).float()
+            counts_SV += code_counts(idx_list, c.vocab_size)
             if inception is not None:
                 if self._real_fid_stats is None:
                     real_feats.append(inception_features(inception, img_B3HW))
                 fake_feats.append(inception_features(inception, recon_B3HW))
         metrics: dict[str, float] = {"psnr": psnr_sum / max(count, 1)}
-        usage = usage_from_counts(counts_SV.sum(dim=0))
+        usage = usage_from_counts(counts_SV)
         metrics["codebook_used_pct"] = float(usage.used_frac) * 100
         metrics["codebook_perplexity"] = float(usage.perplexity)
-        for si in range(len(c.patch_nums)):
-            metrics[f"codebook_used_pct/s{si}"] = float((counts_SV[si] > 0).float().mean()) * 100
+        for si, used_frac in enumerate(usage.used_frac_S.tolist()):
+            metrics[f"codebook_used_pct/s{si}"] = used_frac * 100
         if inception is not None:
             metrics["rfid"] = self._rfid(real_feats, fake_feats)
         return metrics
@@ -477,7 +530,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         debug = VQVAEConfig.debug()
         return dataclasses.replace(
             self.config,
-            vqvae_preset="custom",
+            model="custom",
             vocab_size=debug.vocab_size,
             z_channels=debug.z_channels,
             ch=debug.ch,
@@ -487,9 +540,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             quant_resi=debug.quant_resi,
             share_quant_resi=debug.share_quant_resi,
             image_size=debug.image_size,
-            dataset="fake",
-            fake_size=24,
-            eval_size=8,
+            data=dataclasses.replace(self.config.data, kind="fake", fake_size=24, train_limit=0, eval_limit=8),
             eval_batch_size=8,
             batch_size=4,
             grad_accumulation=1,

@@ -1,6 +1,6 @@
 """VAR: class-conditional next-scale prediction, trained by teacher forcing on the token maps of a FROZEN tokenizer.
 
-`trainlab train var --config var_d16 --data-root /path/imagenet --tokenizer vae_ch160v4096z32.pth`
+`trainlab train var --config var_d16 --data.root /path/imagenet --tokenizer-weights vae_ch160v4096z32.pth`
 
 What one step does (official `trainer.py: train_step`):
     tokens  = tokenizer.img_to_idx(image)               (or read from the token cache); float32, autocast off
@@ -9,8 +9,8 @@ What one step does (official `trainer.py: train_step`):
     loss    = sum_l CE(logits_l, token_l) / L, mean over the batch   (= mean token cross-entropy)
 
 Settings and where they come from (reference/var.md section 3):
-    peak lr         = base_learning_rate x batch_size / 256, computed once in `VARTrainConfig.peak_learning_rate`
-                      (official tblr; batch_size is the global batch per optimizer step, accumulation included)
+    peak lr         = optim.base_learning_rate x batch_size / 256, `OptimConfig.peak_lr` (the one linear-scaling
+                      rule; official tblr; batch_size is the global batch per optimizer step, accumulation included)
     optimizer       AdamW, betas (0.9, 0.95), weight decay 0.05, fused (CUDA and CPU); no decay for 1-D parameters,
                       biases and names containing one of `NO_WEIGHT_DECAY_KEYWORDS` (official `filter_params`)
     clipping        total grad norm 2.0 after unscaling (engine)
@@ -27,7 +27,7 @@ Metrics (every logged step; fractions, not the official percentages):
 Evaluation reports the same with a `val_` prefix, class dropout OFF. Deviation: the official `eval_ep` keeps the
 10 % class dropout in evaluation (its VAR applies dropout in eval mode too), so its val loss is slightly higher.
 
-Tokenizer: loaded from `--tokenizer` (official `vae_ch160v4096z32.pth`, a trainlab-exported VQVAE state_dict as
+Tokenizer: loaded from `--tokenizer-weights` (official `vae_ch160v4096z32.pth`, a trainlab-exported VQVAE state_dict as
 .pth/.safetensors, a trainlab checkpoint holding a VQVAE, or an official `ar-ckpt-*.pth`), frozen (eval,
 requires_grad False): one of the engine's frozen models, in no phase, not DDP-wrapped, not in `ckpt/last.pt`
 (which stays VAR-only and small); instead the checkpoint records the SHA-256 of its weights and a resume with
@@ -66,7 +66,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import from_dict, option
-from trainlab.data.splits import ImageSplit, image_splits
+from trainlab.data.config import DataConfig, eval_limit_option, fake_size_option, kind_option, root_option
+from trainlab.data.sources import ImageSplit, open_split
 from trainlab.data.token_cache import (
     VARIANT_MIRRORED,
     VARIANT_PLAIN,
@@ -76,21 +77,35 @@ from trainlab.data.token_cache import (
     ensure_token_cache,
     tokenizer_sha256,
 )
+from trainlab.data.transforms import VarResizeCrop
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.losses.token_cross_entropy import TokenMetricTotals, token_cross_entropy, token_metrics
-from trainlab.models.var.loading import export_var, load_official_into_, load_tokenizer
+from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAEName
+from trainlab.models.var.convert import export_var, load_official_into_, load_tokenizer
 from trainlab.models.var.scales import scale_slices, sequence_length
 from trainlab.models.var.transformer import PATCH_NUMS_256, VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE
+from trainlab.optim.config import OptimConfig
 from trainlab.optim.param_groups import param_groups
 from trainlab.recipes.var_progressive import ProgressiveSchedule
 
 log = logging.getLogger(__name__)
 
-DatasetKind = Literal["image-folder", "digits", "fake"]
-TokenizerArchitecture = Literal["auto", "official", "digits", "debug"]  # auto or a VQVAE_PRESETS name
+VarKind = Literal["image-folder", "digits", "fake"]
+TokenizerModel = Literal["auto", VQVAEName]  # inferred from the weights, or a registered VQVAE
+
+
+@dataclasses.dataclass(kw_only=True)
+class VarData(DataConfig):
+    """VAR's images: an ImageNet-layout folder (the official runs: root/train, root/val), the bundled digits (the demo)
+    or fake images; `open_split` applies `var_resize_crop` at --image-size."""
+
+    kind: VarKind = kind_option("image-folder", VarKind, deprecated=("--dataset",))
+    root: Path = root_option(Path("data/imagenet"), VarKind, deprecated=("--data-root",))
+    eval_limit: int = eval_limit_option(0, "validation images", deprecated=("--eval-max-images",))
+    fake_size: int = fake_size_option(deprecated=("--fake-num-images",))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -101,7 +116,9 @@ class VARTrainConfig(TrainConfig):
     wpe 0.1); configs/var_d{16,20,24,30}.yaml hold all four README rows with their sources.
     """
 
-    run_dir: Path = option(Path("runs/var"), "output directory")
+    run_dir: Path = option(
+        Path("runs/var"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
+    )
     # ---------------------------------------------------------------------------------------------- model
     depth: int = option(16, "transformer blocks; width 64 x depth and depth heads unless overridden (official)", ge=1)
     embed_dim: int = option(-1, "width C (-1: 64 x depth)", ge=1, sentinels=(-1,))
@@ -125,33 +142,40 @@ class VARTrainConfig(TrainConfig):
     init_std: float = option(
         -1.0, "std of Linear/Embedding weights (-1: sqrt(1 / (3C)), official ini)", gt=0, sentinels=(-1,)
     )
-    init_from: str = option("", "fine-tune from official var_d*.pth weights (strict load; '' = from scratch)")
+    init_from: str = option(
+        "", "fine-tune from official var_d*.pth weights (strict load; '' = from scratch)", metavar="PATH"
+    )
     # ------------------------------------------------------------------------------------------ tokenizer
-    tokenizer: str = option("", "frozen tokenizer weights: vae_ch160v4096z32.pth or a trainlab-exported VQVAE")
-    tokenizer_config: TokenizerArchitecture = option(
-        "auto", "tokenizer architecture: auto (from the weights) or a VQVAE preset (official = ch160 v4096 z32)"
+    tokenizer_weights: str = option(
+        "",
+        "frozen tokenizer (VQVAE) weights: vae_ch160v4096z32.pth, or a trainlab tokenizer export or checkpoint",
+        metavar="PATH",
+        deprecated=("--tokenizer",),
+    )
+    tokenizer_model: TokenizerModel = option(
+        "auto",
+        "tokenizer architecture: auto (from the weights) or a registered VQVAE (vqvae_official = ch160 v4096 z32)",
+        deprecated=("--tokenizer-config",),
+        deprecated_values=FORMER_VQVAE_NAMES,
     )
     # ----------------------------------------------------------------------------------------------- data
-    dataset: DatasetKind = option("image-folder", "image-folder (data_root/train, data_root/val), digits, or fake")
-    data_root: Path = option(Path("data/imagenet"), "ImageNet-layout folder with train/ and val/ class sub-folders")
+    data: VarData = option(VarData(), "which images (the official runs: an ImageNet-layout folder)")
     horizontal_flip: bool = option(False, "random horizontal flips in training (official hflip, off in README runs)")
-    fake_num_images: int = option(256, "dataset=fake: training images (class-coloured patterns; tests, --debug)", ge=1)
     use_token_cache: bool = option(False, "encode every image once (center crop) and train from the stored tokens")
     token_cache_path: str = option("", "token cache directory ('' = run_dir/token_cache; a stale one is rebuilt)")
     token_cache_rebuild: bool = option(False, "rebuild a stale cache at --token-cache-path instead of refusing it")
+    token_cache_batch_size: int = option(64, "images per tokenizer forward when building the token cache", ge=1)
     eval_batch_size: int = option(64, "batch size of the validation pass (rank 0)", ge=1)
-    eval_max_images: int = option(0, "evaluate on at most this many validation images (0: all)", ge=0)
     # -------------------------------------------------------------------------------------- optimisation
     epochs: int = option(200, "number of epochs (official ep)", ge=1)
     batch_size: int = option(
         768, "global batch per optimizer step, all GPUs and accumulation steps (official bs)", gt=0
     )
-    base_learning_rate: float = option(
-        1e-4, "lr per 256 images: peak lr = this x batch_size / 256 (official tblr)", gt=0
+    optim: OptimConfig = option(
+        OptimConfig(name="adamw", base_learning_rate=1e-4, betas=(0.9, 0.95), weight_decay=0.05, fused=True),
+        "official: AdamW, base lr per 256 images (tblr; peak = base x batch_size / 256), betas (0.9, 0.95), "
+        "weight decay of the decayed group (twd), fused kernel (afuse)",
     )
-    betas: tuple[float, ...] = option((0.9, 0.95), "AdamW betas (two values)", ge=0, lt=1)
-    weight_decay: float = option(0.05, "AdamW weight decay of the decayed group (official twd)", ge=0)
-    fused_optimizer: bool = option(True, "fused AdamW kernel on CUDA and CPU (official afuse)")
     clip_grad_norm: float = option(
         2.0, "clip the total gradient norm to this after unscaling (official tclip; 0: no clip)", ge=0
     )
@@ -176,11 +200,6 @@ class VARTrainConfig(TrainConfig):
     )
     export: bool = option(True, "write var_export.pth and var_export.safetensors after the last epoch")
 
-    @property
-    def peak_learning_rate(self) -> float:
-        """Official linear scaling: tblr x global batch / 256 (e.g. d16: 1e-4 x 768 / 256 = 3e-4)."""
-        return self.base_learning_rate * self.batch_size / 256
-
     def validate(self) -> None:
         super().validate()
         if self.precision in ("fp16", "bf16", "fp16-scale"):
@@ -188,8 +207,6 @@ class VARTrainConfig(TrainConfig):
                 f"precision {self.precision!r} casts VAR's weights to 16 bits; use fp16-amp-scale (official), bf16-amp "
                 "or fp32"
             )
-        if len(self.betas) != 2:
-            raise UsageError(f"--betas takes two values (beta1 beta2), got {len(self.betas)}: {list(self.betas)}")
         if self.progressive_until > 0 and not self.progressive_start_scale < len(self.patch_nums) - 1:
             raise UsageError(
                 f"--progressive-start-scale must be in [0, {len(self.patch_nums) - 2}] for {len(self.patch_nums)} "
@@ -240,14 +257,14 @@ class VARRecipe(Recipe[VARTrainConfig]):
     config_class = VARTrainConfig
     best_metric = "val_cross_entropy_last_scale"  # the official "best" checkpoint tracks the val tail loss
     best_mode = "min"
-    supports_activation_checkpointing = True  # per transformer block
     resume_may_change = (
-        "data_root",
-        "tokenizer",  # a moved file: the checkpoint keeps the weights' SHA-256 and refuses others
+        "data.root",
+        "tokenizer_weights",  # a moved file: the checkpoint keeps the weights' SHA-256 and refuses others
         "eval_batch_size",
-        "eval_max_images",
+        "data.eval_limit",
         "token_cache_path",
         "token_cache_rebuild",
+        "token_cache_batch_size",
         "export",
     )
 
@@ -262,12 +279,13 @@ class VARRecipe(Recipe[VARTrainConfig]):
 
     # --------------------------------------------------------------------------------------------- data
     def _cached(
-        self, split: ImageSplit, name: str, tokenizer: VQVAE, device: torch.device, train: bool
+        self, split: ImageSplit, name: Literal["train", "val"], tokenizer: VQVAE, device: torch.device, train: bool
     ) -> Dataset[dict[str, torch.Tensor]]:
         c = self.config
         variants = (VARIANT_PLAIN, VARIANT_MIRRORED) if (train and c.horizontal_flip) else (VARIANT_PLAIN,)
-        desc = {k: v for k, v in split.description.items() if k not in ("crop", "flip")}
-        spec = TokenCacheSpec(self.tokenizer_hash, tuple(c.patch_nums), self.seq_len, c.vocab_size, desc, variants)
+        spec = TokenCacheSpec(
+            self.tokenizer_hash, tuple(c.patch_nums), self.seq_len, c.vocab_size, split.description, variants
+        )
         base = Path(c.token_cache_path) if c.token_cache_path else c.run_dir / "token_cache"
         on_stale: Literal["rebuild", "refuse"] = (
             "rebuild" if (not c.token_cache_path or c.token_cache_rebuild) else "refuse"
@@ -275,44 +293,54 @@ class VARRecipe(Recipe[VARTrainConfig]):
         cache = ensure_token_cache(
             base / name,
             spec,
-            lambda: split.variants(variants),
+            lambda: self._variants("train" if name == "train" else "eval", variants),
             tokenizer,
             on_stale=on_stale,
             device=device,
-            batch_size=c.eval_batch_size,
+            batch_size=c.token_cache_batch_size,
             num_workers=c.num_workers,
         )
         return TokenCacheDataset(cache, seed=c.seed, random_variant=train)
 
+    def _variants(self, split: Literal["train", "eval"], variants: tuple[str, ...]) -> list[Dataset[Batch]]:
+        """The fixed preprocessings a token cache stores: centre crop, plain or mirrored."""
+        c, out = self.config, []
+        for variant in variants:
+            flip: Literal["always", "none"] = "always" if variant == VARIANT_MIRRORED else "none"
+            crop = VarResizeCrop(c.image_size, flip=flip)
+            images = open_split(c.data, split, crop, seed=c.seed, fake_classes=self._fake_classes)
+            assert images is not None  # the split was opened before
+            out.append(images.images)
+        return out
+
+    @property
+    def _fake_classes(self) -> int:
+        return min(self.config.num_classes, 10)
+
     # -------------------------------------------------------------------------------------------- build
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
-        tokenizer = load_tokenizer(c.tokenizer, c.tokenizer_config, c.patch_nums, seed=c.seed)
+        tokenizer = load_tokenizer(c.tokenizer_weights, c.tokenizer_model, c.patch_nums, seed=c.seed)
         _check_tokenizer(c, tokenizer)
         self.tokenizer_hash = tokenizer_sha256(tokenizer)
         # NHWC convolutions and SDPA in the encoder's attention: the same tokens, ~1.3x faster encoding on CPU
         tokenizer.optimize_for_inference()
         var = VAR(var_model_config(c, tokenizer.cfg.z_channels))
         var.init_weights(c.init_adaln, c.init_adaln_gamma, c.init_head, c.init_std)
-        var.activation_checkpointing = c.activation_checkpointing
         if c.init_from:
             load_official_into_(var, Path(c.init_from))
         var = var.to(device)
-        lr = c.peak_learning_rate
-        groups = param_groups(var, c.weight_decay, lr)
-        fused = c.fused_optimizer and device.type in ("cuda", "cpu")  # torch has a fused AdamW kernel for both
-        optimizer = torch.optim.AdamW(groups, lr=lr, betas=(c.betas[0], c.betas[1]), fused=fused or None)
+        groups = param_groups(var, c.optim.weight_decay, c.optim.peak_lr(c.batch_size))
+        optimizer = c.optim.build(groups, batch_size=c.batch_size, device=device)
         log.info(
-            "VAR d%d: %.2f M parameters; peak lr = base_learning_rate %.3g x batch_size %d / 256 = %.4g; "
-            "%d decayed / %d not decayed tensors; fused AdamW %s",
+            "VAR d%d: %.2f M parameters; %s; %d decayed / %d not decayed tensors; %s%s",
             c.depth,
             var.num_parameters() / 1e6,
-            c.base_learning_rate,
-            c.batch_size,
-            lr,
+            c.optim.describe_lr(c.batch_size),
             len(groups[0]["params"]),
             len(groups[1]["params"]),
-            fused,
+            c.optim.name,
+            " (fused)" if optimizer.defaults.get("fused") else "",
         )
         return TrainParts(
             models={"var": var}, phases=[Phase("main", optimizer, ["var"])], frozen={"tokenizer": tokenizer}
@@ -322,15 +350,10 @@ class VARRecipe(Recipe[VARTrainConfig]):
         c = self.config
         tokenizer = parts.frozen["tokenizer"]
         assert isinstance(tokenizer, VQVAE)
-        train, val = image_splits(
-            c.dataset,
-            data_root=c.data_root,
-            image_size=c.image_size,
-            horizontal_flip=c.horizontal_flip,
-            seed=c.seed,
-            fake_num_images=c.fake_num_images,
-            fake_classes=min(c.num_classes, 10),
-        )
+        crop = VarResizeCrop(c.image_size, crop="random", flip="random" if c.horizontal_flip else "none")
+        train = open_split(c.data, "train", crop, seed=c.seed, fake_classes=self._fake_classes)
+        val = open_split(c.data, "eval", VarResizeCrop(c.image_size), seed=c.seed, fake_classes=self._fake_classes)
+        assert train is not None
         if train.num_classes > c.num_classes:
             raise UsageError(
                 f"the dataset has {train.num_classes} classes but the model has --num-classes {c.num_classes}; "
@@ -443,11 +466,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         )
         totals = TokenMetricTotals(self.slices, device)
         for batch in loader:
-            if c.eval_max_images and totals.images >= c.eval_max_images:
-                break
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            if c.eval_max_images:
-                batch = {k: v[: c.eval_max_images - totals.images] for k, v in batch.items()}
             tokens_BL = self.tokens(tokenizer, batch)
             logits_BLV = var(batch["label"], self.teacher_forcing_input(tokenizer, tokens_BL), cond_drop_rate=0.0)
             totals.add(logits_BLV, tokens_BL)
@@ -462,7 +481,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         if saved and self.tokenizer_hash and saved != self.tokenizer_hash:
             raise UsageError(
                 f"the checkpoint was trained with other tokenizer weights (sha256 {saved[:12]}..., this run "
-                f"{self.tokenizer_hash[:12]}...); pass the same --tokenizer to resume"
+                f"{self.tokenizer_hash[:12]}...); pass the same --tokenizer-weights to resume"
             )
 
     def debug_config(self) -> VARTrainConfig:
@@ -477,17 +496,16 @@ class VARRecipe(Recipe[VARTrainConfig]):
             image_size=16,
             vocab_size=64,
             num_classes=10,
-            tokenizer="",
-            tokenizer_config="debug",
+            tokenizer_weights="",
+            tokenizer_model="vqvae_debug",
             init_from="",
-            dataset="fake",
-            fake_num_images=32,
+            data=dataclasses.replace(c.data, kind="fake", fake_size=32, train_limit=0, eval_limit=0),
             batch_size=8 * c.grad_accumulation,
-            base_learning_rate=0.03,  # peak lr 1e-3 at batch 8, so that the weights visibly move in a few steps
+            # peak lr 1e-3 at batch 8, so that the weights visibly move in a few steps
+            optim=dataclasses.replace(c.optim, learning_rate=-1.0, base_learning_rate=0.03),
             epochs=3,  # 4 steps per epoch: the debug check resumes mid-epoch (step 6)
             max_steps=-1,
             eval_batch_size=32,
-            eval_max_images=0,
             log_every=1,
             num_workers=0,
             progressive_start_scale=min(c.progressive_start_scale, 1),

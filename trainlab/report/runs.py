@@ -179,7 +179,8 @@ def loss_keys(rows: Iterable[dict[str, Any]]) -> list[str]:
     return ["loss"] if "loss" in seen else seen
 
 
-def _eval_metric(evals: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+def describing_metric(evals: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+    """The evaluation metric that describes a run (see the module docstring), or None when it has none."""
     numeric = [k for r in evals for k, v in r.items() if is_number(v) and k not in ("step", "epoch", "_x")]
     tracked = [k[len("best_") :] for k in summary if k.startswith("best_") and k[len("best_") :] in numeric]
     if tracked:
@@ -271,7 +272,7 @@ def load_run(run_dir: str | Path) -> RunData:
         summary_acc = {k: v / 100.0 for k, v in summary_acc.items()}
     summary["final_test_accuracy"] = summary_acc.get("final_" + acc_key, float(accuracy[-1]) if len(accuracy) else None)
     summary["best_test_accuracy"] = summary_acc.get("best_" + acc_key, float(accuracy.max()) if len(accuracy) else None)
-    eval_metric = _eval_metric(evals, summary)
+    eval_metric = describing_metric(evals, summary)
     metric_epochs, metric = _series(evals, eval_metric) if eval_metric else (np.empty(0, np.int64), np.empty(0))
     if eval_metric is not None:
         final = summary.get("final_" + eval_metric)
@@ -382,6 +383,8 @@ def group_runs(run_dirs: Sequence[str | Path]) -> dict[str, list[Path]]:
         "log_every",
         "checkpoint_every",
         "memory_snapshot",
+        "health_every",
+        "dist_timeout",
     }
     keyed: dict[str, list[Path]] = {}
     info: dict[str, tuple[str, str | None]] = {}

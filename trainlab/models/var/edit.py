@@ -83,7 +83,7 @@ def encode_tokens(vqvae: VQVAE, image_B3HW: torch.Tensor) -> list[torch.Tensor]:
     if image_B3HW.ndim != 4 or image_B3HW.shape[1] != 3 or tuple(image_B3HW.shape[-2:]) != (side, side):
         raise UsageError(
             f"images must be (B, 3, {side}, {side}) for this tokenizer, got {tuple(image_B3HW.shape)}: resize and "
-            "crop them first (trainlab.data.image_folder.preprocess)"
+            "crop them first (trainlab.data.transforms.var_resize_crop)"
         )
     device = next(vqvae.parameters()).device
     return vqvae.img_to_idx(image_B3HW.to(device=device, dtype=torch.float32))

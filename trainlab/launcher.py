@@ -1,0 +1,133 @@
+"""What a process knows about torchrun before torch is imported, and `trainlab launch`.
+
+torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, TORCHELASTIC_ERROR_FILE) is read here without importing torch,
+so the CLI can print a usage error on rank 0 only, record it for the launcher's summary and end every rank with the
+same exit code without paying for torch's import (`tests/test_cli_startup.py`). The process group itself, and the
+collectives, are `trainlab.dist`'s. `launch` imports torch's launcher when it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from trainlab.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def launched_rank() -> int:
+    """This process's rank from torchrun's RANK (0 in a single process): valid before the process group exists and
+    after it is destroyed (the CLI prints errors on rank 0 only)."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def local_rank() -> int:
+    """Rank on this machine, from torchrun's LOCAL_RANK (0 in a single process): picks the CUDA device."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun's environment (RANK, WORLD_SIZE) is set."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def record_error_for_launcher(line: str) -> None:
+    """Write `line` to torchrun's error file of this worker (TORCHELASTIC_ERROR_FILE, set by torchrun), in the format
+    of torch.distributed.elastic's `ErrorHandler`: the launcher's failure summary then shows this one line as the
+    worker's error instead of a link to the documentation. Nothing outside torchrun."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError as err:  # the error itself was already printed; the summary then shows torchrun's own text
+        log.warning("could not write torchrun's error file %s (%s)", path, err.strerror)
+
+
+WORKER_EXIT_WAIT_S = 10.0  # how long a failed rank > 0 waits for the launcher to stop it after rank 0 left
+
+
+def exit_failed_worker(exit_code: int) -> None:
+    """Under torchrun, end this failed worker now with `exit_code` (after its error line was printed); else return.
+
+    Every rank of a failed run must exit with the run's code, but torchrun stops the remaining workers with SIGTERM as
+    soon as the first one exits, and a normal interpreter exit with torch loaded takes seconds. So rank 0 (the one
+    that printed the line) leaves at once with `os._exit`; the other ranks turn the launcher's SIGTERM into the same
+    exit code and wait for it (at most `WORKER_EXIT_WAIT_S`, then leave on their own).
+    """
+    if not launched_by_torchrun():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if launched_rank() != 0:
+        expect_launcher_stop(exit_code)
+        time.sleep(WORKER_EXIT_WAIT_S)
+    os._exit(exit_code)
+
+
+def expect_launcher_stop(exit_code: int) -> None:
+    """Under torchrun, on ranks > 0 of a failed run: the launcher's SIGTERM (sent once rank 0 exited) ends this rank
+    with `exit_code`. Called as soon as a rank knows it fails, before its clean-up, so rank 0 is always first out."""
+    if launched_by_torchrun() and launched_rank() != 0:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(exit_code))
+
+
+_NOT_FOR_LAUNCH = ("-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path")
+
+
+def launch(launcher_args: Sequence[str], command: Sequence[str]) -> int:
+    """`trainlab launch [torchrun options] COMMAND ...`: torchrun's launcher (`torch.distributed.run`) runs
+    `python -m trainlab COMMAND ...` in every worker, in this process, and returns the workers' exit code.
+
+    Plain `torchrun` turns any worker's non-zero exit into a `ChildFailedError` traceback and exit code 1; here the
+    first failed worker's exit code is returned as it is (2: a user error, whose one line rank 0 printed; 1: a
+    diverged run or a crash, whose message the worker printed; 128 + N: a worker killed by signal N, said in one
+    line). The launcher's own log lines about the failed worker are left out (the worker said what happened).
+
+    Raises:
+        UsageError: an option torchrun does not know, or one that names another program to run.
+    """
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    for flag in launcher_args:
+        if flag.split("=")[0] in _NOT_FOR_LAUNCH:
+            raise UsageError(f"{flag} names the program to run; `trainlab launch` always runs trainlab: drop it")
+    parser = torchrun.get_args_parser()
+    parser.prog = "trainlab launch"
+
+    def refuse(message: str) -> None:
+        raise UsageError(f"{message}; see `torchrun --help` for the launcher's options")
+
+    parser.error = refuse  # type: ignore[method-assign, assignment]
+    args = parser.parse_args([*launcher_args, "-m", "trainlab", *command])
+    quiet = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.run")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        torchrun.run(args)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        if failure.exitcode >= 0:
+            return failure.exitcode
+        print(
+            f"trainlab launch: error: rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}",
+            file=sys.stderr,
+        )
+        return 128 - failure.exitcode
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    return 0
