@@ -318,6 +318,8 @@ EDIT = [
         (["eval", "linear-probe", "--optim.base-learning-rate", "0"], "--optim.base-learning-rate must be > 0 or -1"),
         (["bench", "precision", "--num-seeds", "0"], "--num-seeds must be >= 1, got 0"),
         (["plan", "toy", "--dropout", "2"], "--dropout must be in [0, 1), got 2"),
+        (["plan", "toy", "--device", "cuda:abc"], "unknown --device 'cuda:abc'"),
+        (["train", "toy", "--device", "cuda:abc"], "unknown --device 'cuda:abc'"),
     ],
 )  # fmt: skip
 def test_reported_settings_are_one_line_usage_errors_before_anything_runs(

@@ -125,11 +125,10 @@ def main(argv: list[str]) -> int:
         usage=USAGE.removeprefix("usage: ").replace("RECIPE", name),
     )
 
-    import torch
-
+    from trainlab.engine.device import parse_device
     from trainlab.memory.planner import PlanRequest, plan
 
-    device_type = torch.device(config.device).type if config.device != "auto" else "cuda"
+    device_type = parse_device(config.device).type if config.device != "auto" else "cuda"
     if device_type not in ("cpu", "cuda"):
         raise UsageError(f"--device {config.device!r}: plan for cuda or cpu")
     gpu = gpu_profile(options.gpu) if options.gpu is not None else None

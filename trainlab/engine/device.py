@@ -19,6 +19,20 @@ log = logging.getLogger(__name__)
 DEVICE_HELP = "auto (cuda when available, else cpu; logged), cpu, cuda, cuda:N or mps"
 
 
+def parse_device(name: str, *, flag: str = "--device") -> torch.device:
+    """The device `name` names (cpu, cuda, cuda:N, mps, ...), whether or not this machine has it (what a plan needs).
+
+    Raises:
+        UsageError: a name torch does not parse (`cuda:abc`).
+    """
+    import torch
+
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown {flag} {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+
+
 def resolve_device(name: str, *, flag: str = "--device") -> torch.device:
     """The device `name` stands for on this machine.
 
@@ -35,10 +49,7 @@ def resolve_device(name: str, *, flag: str = "--device") -> torch.device:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         log.info("device: %s (auto: CUDA %savailable)", device, "" if device.type == "cuda" else "not ")
         return device
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown {flag} {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    device = parse_device(name, flag=flag)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
