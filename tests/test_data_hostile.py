@@ -35,7 +35,7 @@ from trainlab.data.image_folder import (
 from trainlab.data.images import MAX_IMAGE_PIXELS, UnreadableImage, read_image, read_image_size
 from trainlab.data.probe_views import ProbeFolder
 from trainlab.data.ssl_views import FolderTwoViews, ViewSpec
-from trainlab.engine.data import StepBatchSampler, build_loader
+from trainlab.engine.sampler import StepBatchSampler, build_loader
 from trainlab.errors import UsageError
 from trainlab.evaluate.image_sets import read_image_set
 

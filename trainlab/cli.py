@@ -24,8 +24,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from trainlab import dist
+from trainlab.engine.host_allocator import configure_host_allocator
 from trainlab.errors import UsageError
-from trainlab.host_memory import configure_host_allocator
 
 log = logging.getLogger("trainlab")
 

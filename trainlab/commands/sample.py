@@ -34,8 +34,8 @@ import torch
 from PIL import Image
 
 from trainlab.config import option, parse
+from trainlab.engine.host_allocator import host_allocator
 from trainlab.errors import UsageError, check_output_path, first_line
-from trainlab.host_memory import host_allocator
 from trainlab.user_files import load_user_file
 
 # Shape legend: B images in a batch, N images in total, H/W image side, pn token-map side.

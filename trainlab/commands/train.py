@@ -21,9 +21,9 @@ import torch
 
 from trainlab import dist
 from trainlab.config import Auto, parse
+from trainlab.engine.host_allocator import REUSE_HEADROOM, reuses_freed_memory
 from trainlab.engine.recipe import Recipe, TrainConfig
 from trainlab.errors import UsageError
-from trainlab.host_memory import REUSE_HEADROOM, reuses_freed_memory
 from trainlab.recipes import get_recipe, list_recipes
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def free_memory(device: torch.device) -> tuple[int, str]:
     if reuses_freed_memory():
         return int(available * REUSE_HEADROOM), (
             f"{REUSE_HEADROOM:.0%} of the RAM available per psutil (a CPU run; the rest is left to the host "
-            "allocator's reuse heap, trainlab/host_memory.py)"
+            "allocator's reuse heap, trainlab/engine/host_allocator.py)"
         )
     return available, "RAM available on this machine per psutil (a CPU run)"
 

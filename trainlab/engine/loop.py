@@ -30,9 +30,9 @@ from trainlab import dist
 from trainlab.config import to_dict
 from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, load_checkpoint, non_finite_weights
 from trainlab.engine.compile import check_compile_toolchain, compile_for_training
-from trainlab.engine.data import StepBatchSampler, build_loader
-from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
+from trainlab.engine.host_allocator import host_allocator
 from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
+from trainlab.engine.peak_memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.precision import LossScaler, Precision, check_device_support
 from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts, check_activation_checkpointing
 from trainlab.engine.resume import (
@@ -45,12 +45,12 @@ from trainlab.engine.resume import (
 )
 from trainlab.engine.run_lock import RunDirLock
 from trainlab.engine.runinfo import prepare_run_dir, write_config
+from trainlab.engine.sampler import StepBatchSampler, build_loader
 from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import rng_state, seed_everything, set_deterministic, set_rng_state
 from trainlab.engine.signals import graceful_stop
 from trainlab.engine.step import StepRunner
 from trainlab.errors import TrainingStopped, UsageError
-from trainlab.host_memory import host_allocator
 
 log = logging.getLogger(__name__)
 
