@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainlab.engine.debug import debug_run_config
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import Recipe, TrainConfig
 from trainlab.recipes import get_recipe
@@ -50,7 +51,8 @@ _CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "
 
 @dataclass(frozen=True)
 class Case:
-    """One golden run: a recipe's debug config with some fields changed (about 50 optimizer steps)."""
+    """One golden run: a recipe's debug run (`debug_run_config`) with some fields changed (about 50 optimizer
+    steps)."""
 
     recipe: str
     base: dict[str, Any] = field(default_factory=dict)  # fields set before `debug_config()` (e.g. the model)
@@ -63,7 +65,7 @@ class Case:
 
     def config(self, run_dir: Path, **changes: Any) -> TrainConfig:
         recipe_cls = get_recipe(self.recipe)
-        cfg = recipe_cls(recipe_cls.config_class(**self.base)).debug_config()
+        cfg = debug_run_config(recipe_cls(recipe_cls.config_class(**self.base)))
         return dataclasses.replace(
             cfg, run_dir=run_dir, tensorboard=False, progress=False, **{**self.overrides, **changes}
         )

@@ -24,6 +24,7 @@ import torch
 
 from trainlab.config import option, parse
 from trainlab.engine.precision import LAB_PRECISIONS, Precision, PrecisionName, check_device_support
+from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError, check_output_path
 
 log = logging.getLogger(__name__)
@@ -153,9 +154,7 @@ def run_precision_bench(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
     for mode in modes:
         for seed in range(cfg.seeds):
             run_dir = cfg.out_dir / "runs" / f"{cfg.model}-{mode}-seed{seed}"
-            metrics = run_dir / "metrics.jsonl"
-            done = metrics.is_file() and '"kind": "summary"' in metrics.read_text(errors="replace")
-            if not done:
+            if not RunDir(run_dir).is_finished():  # an interrupted run resumes
                 log.info("bench: %s seed %d -> %s", mode, seed, run_dir)
                 env = dict(os.environ, TRAINLAB_BENCH="1", **{SHOWN_ENV: json.dumps(shown)})
                 proc = subprocess.run(_train_command(cfg, mode, seed, run_dir, extra), env=env)

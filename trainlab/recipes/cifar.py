@@ -130,8 +130,5 @@ class CifarRecipe(Recipe[CifarConfig]):
             fake_data=128,
             batch_size=16,
             epochs=2,
-            max_steps=-1,
-            log_every=1,
             eval_batch_size=64,
-            debug=False,
         )

@@ -42,12 +42,14 @@ from trainlab.data.probe_views import ProbeFolder, ProbeTensorViews
 from trainlab.data.ssl_views import IMAGENET_MEAN, IMAGENET_STD
 from trainlab.data.tensors import NamedTensorDataset
 from trainlab.dtypes import at_least_float32
+from trainlab.engine.checkpoint import is_trainlab_checkpoint, stored_config, weights_in_checkpoint
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.models.moco import MoCo, MocoArch, build_moco, infer_arch, read_moco_state
 from trainlab.recipes.moco import (
     EvalImages,
+    MocoConfig,
     SslData,
     check_image_size,
     load_eval_images,
@@ -82,7 +84,7 @@ def load_backbone(checkpoint: str, arch: MocoArch, image_size: int) -> tuple[MoC
     """
     if not checkpoint:
         return MoCo(arch, dim=256, mlp_dim=512, image_size=image_size), f"random-init {arch}"
-    state, _ = read_moco_state(checkpoint)
+    state, _ = _read_moco_checkpoint(checkpoint)
     model = build_moco(state, where=checkpoint)
     return model, f"{model.arch} from {checkpoint}"
 
@@ -96,15 +98,29 @@ class EvalData:
     data_root: Path
 
 
+def _read_moco_checkpoint(checkpoint: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The MoCo weights of `checkpoint` (official, or a trainlab `moco` run's ckpt/last.pt) and the config a trainlab
+    run recorded, under today's setting names ({} for official files)."""
+    config: dict[str, Any] = {}
+    moco_weights = weights_in_checkpoint("moco")  # the moco recipe's model
+
+    def unwrap(obj: Any, path: Path) -> Any:
+        if is_trainlab_checkpoint(obj):
+            config.update(stored_config(obj, MocoConfig, where=f"checkpoint {path}") or {})
+        return moco_weights(obj, path)
+
+    state, _ = read_moco_state(checkpoint, unwrap=unwrap)
+    return state, config
+
+
 def _pretrained_on(checkpoint: str) -> tuple[dict[str, Any], str]:
     """What `checkpoint` says about its pretraining data ({"data", "image_size", "data_root"}, any of them absent),
     and the architecture: a trainlab run records its config; an official ViT's position table fixes its side."""
     if not checkpoint:
         return {}, ""
-    state, extra = read_moco_state(checkpoint)
+    state, config = _read_moco_checkpoint(checkpoint)
     arch = infer_arch(state, where=checkpoint)
     found: dict[str, Any] = {}
-    config = extra.get("config") or {}
     if config.get("data") in get_args(SslData):
         found["data"] = config["data"]
     if isinstance(config.get("image_size"), int):
@@ -206,7 +222,6 @@ class LinearProbeConfig(TrainConfig):
 class LinearProbeRecipe(Recipe[LinearProbeConfig]):
     name = "linear-probe"
     config_class = LinearProbeConfig
-    resume_must_match = ("checkpoint", "data", "image_size", "augment")
     resume_may_change = ("data_root",)  # a moved dataset (another size is refused)
 
     def __init__(self, config: LinearProbeConfig) -> None:
@@ -332,7 +347,4 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
             eval_subset=256,
             batch_size=32,
             epochs=2,
-            log_every=1,
-            max_steps=-1,
-            debug=False,
         )

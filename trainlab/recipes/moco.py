@@ -235,7 +235,6 @@ def _unwrap(model: nn.Module) -> MoCo:
 class MocoRecipe(Recipe[MocoConfig]):
     name = "moco"
     config_class = MocoConfig
-    resume_must_match = ("arch", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optimizer")
     resume_may_change = ("data_root", "knn_k", "knn_temperature", "eval_subset", "eval_batch_size")  # kNN monitor
     supports_activation_checkpointing = True  # per ViT block / per ResNet stage
 
@@ -349,10 +348,7 @@ class MocoRecipe(Recipe[MocoConfig]):
             mlp_hidden_dim=64,
             batch_size=16,
             epochs=2,
-            max_steps=-1,
-            log_every=1,
             eval_subset=128,
             knn_k=20,
             eval_batch_size=64,
-            debug=False,
         )

@@ -76,6 +76,8 @@ from trainlab.data.token_cache import (
     ensure_token_cache,
     tokenizer_sha256,
 )
+from trainlab.engine.checkpoint import weights_in_checkpoint
+from trainlab.engine.ema import WeightAverage
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -91,6 +93,8 @@ log = logging.getLogger(__name__)
 
 DatasetKind = Literal["image-folder", "digits", "fake"]
 TokenizerArchitecture = Literal["auto", "official", "digits", "debug"]  # auto or a VQVAE_PRESETS name
+EMA_MODEL = "var_ema"  # the averaged copy of "var" (--model-ema-decay)
+TOKENIZER_MODEL = "vqvae"  # the tokenizer recipe's name for its VQVAE in a run's checkpoint (--tokenizer ckpt/last.pt)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -175,6 +179,14 @@ class VARTrainConfig(TrainConfig):
         -1.0, "newest-scale loss ramp per stage, epochs (-1: epochs/300, pgwp)", ge=0, sentinels=(-1,)
     )
     export: bool = option(True, "write var_export.pth and var_export.safetensors after the last epoch")
+    model_ema_decay: float = option(
+        0.0,
+        "keep an EMA of VAR's weights, this decay per optimizer step (0: off, as in the official code; e.g. 0.9999); "
+        "when on, evaluation, best.pt's metric, the export and `trainlab sample` from this run's checkpoints use the "
+        "averaged weights",
+        ge=0,
+        lt=1,
+    )
 
     @property
     def peak_learning_rate(self) -> float:
@@ -259,6 +271,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         self.slices = scale_slices(config.patch_nums)
         self.seq_len = sequence_length(config.patch_nums)
         self._progressive: tuple[int, ProgressiveSchedule] | None = None  # (total steps it was built for, schedule)
+        self._evaluated = EMA_MODEL if config.model_ema_decay else "var"  # what evaluation and export use
 
     # --------------------------------------------------------------------------------------------- data
     def _cached(
@@ -287,7 +300,9 @@ class VARRecipe(Recipe[VARTrainConfig]):
     # -------------------------------------------------------------------------------------------- build
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
-        tokenizer = load_tokenizer(c.tokenizer, c.tokenizer_config, c.patch_nums, seed=c.seed)
+        tokenizer = load_tokenizer(
+            c.tokenizer, c.tokenizer_config, c.patch_nums, seed=c.seed, unwrap=weights_in_checkpoint(TOKENIZER_MODEL)
+        )
         _check_tokenizer(c, tokenizer)
         self.tokenizer_hash = tokenizer_sha256(tokenizer)
         # NHWC convolutions and SDPA in the encoder's attention: the same tokens, ~1.3x faster encoding on CPU
@@ -296,7 +311,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         var.init_weights(c.init_adaln, c.init_adaln_gamma, c.init_head, c.init_std)
         var.activation_checkpointing = c.activation_checkpointing
         if c.init_from:
-            load_official_into_(var, Path(c.init_from))
+            load_official_into_(var, Path(c.init_from), unwrap=weights_in_checkpoint(self.name))
         var = var.to(device)
         lr = c.peak_learning_rate
         groups = param_groups(var, c.weight_decay, lr)
@@ -314,8 +329,12 @@ class VARRecipe(Recipe[VARTrainConfig]):
             len(groups[1]["params"]),
             fused,
         )
+        averaged = {EMA_MODEL: WeightAverage(follows="var", decay=c.model_ema_decay)} if c.model_ema_decay else {}
         return TrainParts(
-            models={"var": var}, phases=[Phase("main", optimizer, ["var"])], frozen={"tokenizer": tokenizer}
+            models={"var": var},
+            phases=[Phase("main", optimizer, ["var"])],
+            frozen={"tokenizer": tokenizer},
+            averaged=averaged,
         )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
@@ -419,14 +438,14 @@ class VARRecipe(Recipe[VARTrainConfig]):
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
         metrics: dict[str, float] = {}
         if self.val_set is not None:
-            metrics = self._validate(models["var"], models["tokenizer"], device)
+            metrics = self._validate(models[self._evaluated], models["tokenizer"], device)
         skipped = getattr(self.train_images, "skipped_images", None)
         if skipped:
             metrics["train_unreadable_images_skipped"] = float(skipped)
         return metrics
 
     def on_fit_end(self, models: Mapping[str, nn.Module]) -> None:
-        var = models["var"]
+        var = models[self._evaluated]
         if self.config.export:
             assert isinstance(var, VAR)
             export_var(var, self.config.run_dir)
@@ -485,14 +504,11 @@ class VARRecipe(Recipe[VARTrainConfig]):
             batch_size=8 * c.grad_accumulation,
             base_learning_rate=0.03,  # peak lr 1e-3 at batch 8, so that the weights visibly move in a few steps
             epochs=3,  # 4 steps per epoch: the debug check resumes mid-epoch (step 6)
-            max_steps=-1,
             eval_batch_size=32,
             eval_max_images=0,
-            log_every=1,
             num_workers=0,
             progressive_start_scale=min(c.progressive_start_scale, 1),
             token_cache_path="",
-            debug=False,
         )
 
 
@@ -509,14 +525,16 @@ def export_run(run_dir: str | Path, checkpoint: str = "last") -> tuple[Path, Pat
     Returns:
         (`run_dir/var_export.pth`, `run_dir/var_export.safetensors`).
     """
-    from trainlab.engine.checkpoint import load_checkpoint
+    from trainlab.engine.checkpoint import load_checkpoint, stored_config
+    from trainlab.engine.run_dir import RunDir
 
     run_dir = Path(run_dir)
-    state = load_checkpoint(run_dir / "ckpt" / f"{checkpoint}.pt")
+    path = RunDir(run_dir).ckpt / f"{checkpoint}.pt"
+    state = load_checkpoint(path)
     if state.get("recipe") != VARRecipe.name:
         raise UsageError(f"{run_dir} is a {state.get('recipe')!r} run, not a VAR run")
-    cfg = from_dict(VARTrainConfig, state["config"])
-    weights = state["models"]["var"]
+    cfg = from_dict(VARTrainConfig, stored_config(state, VARTrainConfig, where=f"checkpoint {path}") or {})
+    weights = weights_in_checkpoint(VARRecipe.name)(state, path)
     var = VAR(var_model_config(cfg, int(weights["word_embed.weight"].shape[1])))
     var.load_state_dict(weights)
     return export_var(var, run_dir)
