@@ -43,9 +43,9 @@ from trainlab.user_files import load_user_file
 log = logging.getLogger(__name__)
 
 MAX_GUIDANCE = 1000.0
-TOKENIZER_MODEL, VAR_MODEL = "vqvae", "var"  # the tokenizer and var recipes' model names in a run's checkpoint
 """The largest guidance scale sampling accepts: far past any useful value (papers use 1-10), and far below the
 scale where (1 + t) x cond - t x uncond overflows float32 logits (1e38 did)."""
+TOKENIZER_MODEL, VAR_MODEL = "vqvae", "var"  # the tokenizer and var recipes' model names in a run's checkpoint
 
 
 @dataclasses.dataclass(kw_only=True)
