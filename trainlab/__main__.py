@@ -1,7 +1,5 @@
 """`python -m trainlab ...` (what `torchrun -m trainlab` runs)."""
 
-import sys
+from trainlab.cli import run
 
-from trainlab.cli import main
-
-sys.exit(main())
+run()

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from trainlab import dist
 from trainlab.engine.host_allocator import configure_host_allocator
@@ -113,7 +114,6 @@ def _fail(name: str, message: str, exit_code: int) -> int:
     if dist.launched_rank() == 0:
         print(line, file=sys.stderr)
     dist.record_error_for_launcher(line)
-    dist.exit_failed_worker(exit_code)  # under torchrun: every rank ends with this code, never by the launcher's signal
     return exit_code
 
 
@@ -165,5 +165,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(name, f"out of memory ({first}); lower the batch size or other sizes, or free memory", 2)
 
 
+def run() -> NoReturn:
+    """The `trainlab` program (console script, `python -m trainlab`, `torchrun -m trainlab`): `main`, then exit.
+
+    `main` only returns its exit code, so it can be called in-process; ending the process is done here. Under torchrun
+    a failed rank ends at once with that code (`dist.exit_failed_worker`), never by the launcher's signal.
+    """
+    exit_code = main()
+    if exit_code != 0:
+        dist.exit_failed_worker(exit_code)
+    sys.exit(exit_code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
