@@ -28,6 +28,7 @@ from trainlab.engine.debug import DEBUG_OVERRIDES, debug_run_config, run_debug_c
 from trainlab.engine.ema import WeightAverage, averaged_copy, update_average_
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.optim.config import OptimConfig
 
 # Shape legend: B batch, D image features, L latent width, W model width.
 
@@ -42,7 +43,7 @@ class DitConfig(TrainConfig):
     num_samples: int = option(512, "training images", ge=1)
     ema_decay: float = option(0.9, "decay of the denoiser's EMA (0: off)", ge=0, lt=1)
     ema_home: EmaHome = option("slot", "where the EMA lives: the engine's slot, or (wrongly) frozen / an attribute")
-    learning_rate: float = option(1e-2, "AdamW learning rate", gt=0)
+    optim: OptimConfig = option(OptimConfig(name="adamw", learning_rate=1e-2), "optimizer (AdamW)")
     batch_size: int = option(32, "global batch", gt=0)
 
 
@@ -83,7 +84,7 @@ class DitRecipe(Recipe[DitConfig]):
         c = self.config
         encoder = nn.Linear(16, 8)  # the frozen "VAE"
         dit = Denoiser()
-        optimizer = torch.optim.AdamW(dit.parameters(), lr=c.learning_rate)
+        optimizer = torch.optim.AdamW(dit.parameters(), lr=c.optim.learning_rate)
         parts = TrainParts(models={"dit": dit}, phases=[Phase("main", optimizer, ["dit"])], frozen={"vae": encoder})
         if c.ema_home == "slot":
             parts.averaged[self.ema_name] = WeightAverage(follows="dit", decay=c.ema_decay)
