@@ -29,9 +29,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainlab.data.tensors import NamedTensorDataset
-from trainlab.engine.data import StepBatchSampler
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.engine.sampler import StepBatchSampler
 from trainlab.models.registry import create_model
 
 # Shape legend: N samples, B batch, 3/H/W image channels and side.

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from _env import environment, result_path, run_metrics, settings, write_result
 
-from trainlab.host_memory import configure_host_allocator
+from trainlab.engine.host_allocator import configure_host_allocator
 from trainlab.models.var.blocks import MAX_LOG_SCALE_MUL, AdaLNSelfAttn, SelfAttention
 from trainlab.models.var.convert import export_official, load_tokenizer
 from trainlab.models.var.sample import filter_top_k_top_p_, generate
@@ -325,7 +325,8 @@ def _child_env(threads: int) -> dict[str, str]:
 def official_worker(depth: int, steps: int, tokenizer: Path, allocator: str) -> dict[str, float]:
     """The official trainer in this (fresh) process: `steps` warm-up steps (the command's untimed epoch 1), then the
     mean of `steps` timed steps (the command's timed epoch). `allocator`: `system` is glibc as the official code runs
-    with; `reuse` applies trainlab's host allocator policy (trainlab/host_memory.py) to the official code too."""
+    with; `reuse` applies trainlab's host allocator policy (trainlab/engine/host_allocator.py) to the official
+    code too."""
     if allocator == "reuse":
         configure_host_allocator("reuse")
     vqvae, var, img_B3HW, label_B = _setup(depth, tokenizer)

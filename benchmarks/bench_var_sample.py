@@ -19,7 +19,7 @@ OMP_NUM_THREADS = --threads:
              VQVAE decode with the official arithmetic (bmm attention, nearest upsample + conv, NCHW, in-place
              SiLU), `torchvision.utils.make_grid` + PIL.
   official_reuse  the same official flow with trainlab's host allocator policy applied first (`reuse`,
-             trainlab/host_memory.py): how much of the difference is that policy alone.
+             trainlab/engine/host_allocator.py): how much of the difference is that policy alone.
 All must produce identical tokens (checked every round). Whole-process wall time is measured from outside.
 """
 
@@ -47,11 +47,11 @@ PHASES = ("startup", "load", "tokens", "decode", "write")
 # ------------------------------------------------------------------------------------- official flow (child)
 def child_official(vae_path: Path, var_path: Path, out: Path, tokens_out: Path, allocator: str) -> None:
     """The official demo flow; prints one JSON line of phase seconds. `allocator` `reuse` applies trainlab's host
-    allocator policy (trainlab/host_memory.py) to it; `system` is glibc as the official code runs with."""
+    allocator policy (trainlab/engine/host_allocator.py) to it; `system` is glibc as the official code runs with."""
     import psutil
 
     if allocator == "reuse":
-        from trainlab.host_memory import configure_host_allocator
+        from trainlab.engine.host_allocator import configure_host_allocator
 
         configure_host_allocator("reuse")
 

@@ -36,9 +36,10 @@ import numpy as np
 import torch
 from conftest import with_fields
 
+from trainlab.engine.debug import debug_run_config
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import Recipe, TrainConfig
-from trainlab.recipes import get_recipe
+from trainlab.recipes import get_recipe, list_recipes
 
 ASSETS = Path(__file__).parent / "assets"
 REFERENCE = ASSETS / "golden_reference.json"
@@ -50,7 +51,8 @@ _CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "
 
 @dataclass(frozen=True)
 class Case:
-    """One golden run: a recipe's debug config with some fields changed (about 50 optimizer steps)."""
+    """One golden run: a recipe's debug run (`debug_run_config`) with some fields changed (about 50 optimizer
+    steps)."""
 
     recipe: str
     base: dict[str, Any] = field(default_factory=dict)  # fields set before `debug_config()` (e.g. the model)
@@ -63,30 +65,48 @@ class Case:
 
     def config(self, run_dir: Path, **changes: Any) -> TrainConfig:
         recipe_cls = get_recipe(self.recipe)
-        cfg = recipe_cls(with_fields(recipe_cls.config_class(), self.base)).debug_config()
+        cfg = debug_run_config(recipe_cls(with_fields(recipe_cls.config_class(), self.base)))
         changes = {"run_dir": run_dir, "tensorboard": False, "progress": False, **self.overrides, **changes}
         return with_fields(cfg, changes)
 
 
+# Every recipe's golden runs, by case name; the first is the recipe's own (a recipe without one fails
+# `test_every_recipe_has_a_golden_case`). Add a recipe here when you register it, and record it with --update-golden.
+RECIPE_CASES: dict[str, dict[str, Case]] = {
+    "toy": {
+        "toy": Case("toy", overrides={"epochs": 6, "dropout": 0.1}),
+        "toy_accumulation_2": Case("toy", overrides={"epochs": 6, "grad_accumulation": 2, "batch_size": 16}),
+        "toy_bf16_amp": Case("toy", overrides={"epochs": 6, "precision": "bf16-amp"}),
+    },
+    "cifar": {
+        "cifar_vgg_debug": Case("cifar", {"model": "cifar_vgg_debug"}, {"epochs": 6}),
+        "cifar_resnet_debug": Case("cifar", {"model": "cifar_resnet_debug"}, {"epochs": 6}),
+    },
+    "tokenizer": {
+        "tokenizer": Case("tokenizer", overrides={"epochs": 8}),
+        "tokenizer_ema": Case("tokenizer", overrides={"epochs": 8, "codebook_mode": "ema"}),
+    },
+    "var": {
+        "var": Case("var", overrides={"epochs": 12}),
+        "var_progressive": Case("var", overrides={"epochs": 12, "progressive_until": 0.5, "label_smoothing": 0.1}),
+    },
+    "moco": {
+        "moco_resnet_debug": Case("moco", overrides={"epochs": 6}),
+        # AdamW at a tenth of LARS's base learning rate: at LARS's 0.6 the run does not learn and is chaotic (any
+        # 1e-16 difference doubles every step), which a golden run must not be
+        "moco_vit_debug": Case(
+            "moco",
+            {"model": "moco_vit_small", "optim.name": "adamw", "stop_grad_conv1": True},
+            {"epochs": 6, "optim.base_learning_rate": 0.06},
+        ),
+    },
+    # a random-init backbone (the debug config's), probed for 6 epochs of 8 steps
+    "linear-probe": {"linear_probe": Case("linear-probe", overrides={"epochs": 6})},
+    # 256 digits, batch 32: 8 steps per epoch, 6 epochs
+    "judge": {"judge": Case("judge", overrides={"epochs": 6})},
+}
 CASES: dict[str, Case] = {
-    "toy": Case("toy", overrides={"epochs": 6, "dropout": 0.1}),
-    "toy_accumulation_2": Case("toy", overrides={"epochs": 6, "grad_accumulation": 2, "batch_size": 16}),
-    "toy_bf16_amp": Case("toy", overrides={"epochs": 6, "precision": "bf16-amp"}),
-    "cifar_vgg_debug": Case("cifar", {"model": "cifar_vgg_debug"}, {"epochs": 6}),
-    "cifar_resnet_debug": Case("cifar", {"model": "cifar_resnet_debug"}, {"epochs": 6}),
-    "tokenizer": Case("tokenizer", overrides={"epochs": 8}),
-    "tokenizer_ema": Case("tokenizer", overrides={"epochs": 8, "codebook_mode": "ema"}),
-    "var": Case("var", overrides={"epochs": 12}),
-    "var_progressive": Case("var", overrides={"epochs": 12, "progressive_until": 0.5, "label_smoothing": 0.1}),
-    "moco_resnet_debug": Case("moco", overrides={"epochs": 6}),
-    # AdamW at a tenth of LARS's base learning rate: at LARS's 0.6 the run does not learn and is chaotic (any 1e-16
-    # difference doubles every step), which a golden run must not be
-    "moco_vit_debug": Case(
-        "moco",
-        {"model": "moco_vit_small", "optim.name": "adamw", "stop_grad_conv1": True},
-        {"epochs": 6, "optim.base_learning_rate": 0.06},
-    ),
-    "judge": Case("judge", overrides={"epochs": 6}),
+    name: case for recipe in list_recipes() for name, case in RECIPE_CASES.get(recipe, {}).items()
 }
 REFERENCE_CASES = sorted(name for name, case in CASES.items() if case.has_reference)
 

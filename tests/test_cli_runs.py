@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from trainlab.cli import main
-from trainlab.commands.runs import find_run_dirs, resume_command, run_state
+from trainlab.commands.runs import resume_command, run_state
 from trainlab.engine.checkpoint_fields import TorchObject, UnreadableCheckpoint, read_fields
+from trainlab.engine.run_dir import RunDir
 
 
 def _run_dir(
@@ -71,7 +72,7 @@ def runs_root(tmp_path: Path) -> Path:
 
 
 def test_statuses_steps_metrics_and_resume_commands(runs_root: Path) -> None:
-    dirs = find_run_dirs(runs_root)
+    dirs = [run.path for run in RunDir.find(runs_root)]
     assert [d.relative_to(runs_root).as_posix() for d in dirs] == ["crashed/early", "done", "killed", "sigterm"]
     states = {Path(s.run_dir).name: s for s in map(run_state, dirs)}
     assert {k: s.status for k, s in states.items()} == {

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainlab.cli import main
+from trainlab.engine.debug import debug_run_config
 from trainlab.engine.recipe import StepInfo, TrainParts, apply_activation_checkpointing
 from trainlab.engine.seeding import seed_everything
 from trainlab.models.grad_checkpoint import checkpoint_stage
@@ -133,7 +134,7 @@ def test_cifar_checkpointing_recomputes_in_training_only(tmp_path: Path, model: 
 def _moco_step(
     tmp_path: Path, arch: str, checkpointing: bool
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
-    base = MocoRecipe(MocoConfig()).debug_config()
+    base = debug_run_config(MocoRecipe(MocoConfig()))
     recipe = MocoRecipe(dataclasses.replace(base, run_dir=tmp_path, model=arch, activation_checkpointing=checkpointing))
     seed_everything(recipe.config.seed)
     moco = _build(recipe).models["moco"].train()

@@ -404,7 +404,7 @@ def test_linear_probe_without_an_evaluation_says_so(tmp_path: Path, capsys: pyte
     assert "no evaluation yet: training stopped at step 2" in captured.err
     assert main(_probe_args(run, "--epochs", "1")) == 0  # the same run goes on to its evaluation
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert 0.0 <= printed["final_test_accuracy"] <= 1.0 and printed["epochs_evaluated"] == [1]
+    assert 0.0 <= printed["final_test_accuracy"] <= 1.0 and printed["evaluated_after_epoch"] == 1
     assert main(_probe_args(run, "--epochs", "1")) == 0  # relaunched when finished: the same result again
     assert (
         json.loads(capsys.readouterr().out.strip().splitlines()[-1])["final_test_accuracy"]

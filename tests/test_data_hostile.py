@@ -36,7 +36,7 @@ from trainlab.data.images import MAX_IMAGE_PIXELS, UnreadableImage, read_image, 
 from trainlab.data.resized_crops import ResizedCropFolder
 from trainlab.data.ssl_views import FolderTwoViews
 from trainlab.data.transforms import TwoViews
-from trainlab.engine.data import StepBatchSampler, build_loader
+from trainlab.engine.sampler import StepBatchSampler, build_loader
 from trainlab.errors import UsageError
 from trainlab.evaluate.image_sets import read_image_set
 

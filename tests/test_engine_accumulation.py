@@ -49,7 +49,7 @@ def test_accumulation_equals_large_batch(tmp_path: Path) -> None:
 
 
 def test_micro_batches_partition_the_global_batch() -> None:
-    from trainlab.engine.data import StepBatchSampler
+    from trainlab.engine.sampler import StepBatchSampler
 
     big = StepBatchSampler(64, batch_size=32, accumulation=1, rank=0, world=1, seed=5)
     big_batches = list(big)
@@ -68,7 +68,7 @@ def test_micro_batches_partition_the_global_batch() -> None:
 def test_bad_split_is_usage_error() -> None:
     import pytest
 
-    from trainlab.engine.data import micro_batch_size
+    from trainlab.engine.sampler import micro_batch_size
     from trainlab.errors import UsageError
 
     with pytest.raises(UsageError, match="multiple of 6"):

@@ -18,7 +18,7 @@ from conftest import needs_compiler
 from torch import nn
 
 from trainlab.cli import main
-from trainlab.engine.debug import run_debug_check
+from trainlab.engine.debug import debug_run_config, run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import TrainConfig, unwrap_model
 from trainlab.recipes import get_recipe
@@ -26,7 +26,7 @@ from trainlab.recipes import get_recipe
 
 def _debug_config(recipe: str, run_dir: Path, **kw: Any) -> TrainConfig:
     recipe_cls = get_recipe(recipe)
-    cfg = recipe_cls(recipe_cls.config_class()).debug_config()
+    cfg = debug_run_config(recipe_cls(recipe_cls.config_class()))
     return dataclasses.replace(cfg, run_dir=run_dir, tensorboard=False, progress=False, **kw)
 
 

@@ -23,10 +23,11 @@ from trainlab.recipes.toy import ToyConfig, ToyRecipe
 
 
 class ReluToyRecipe(ToyRecipe):
-    """The toy MLP with two ReLU layers; `dead=True` gives the second a bias of -100: every unit is zero for every
-    input (and, its gradient being zero, stays so)."""
+    """The toy MLP with two ReLU layers; `_dead = True` gives the second a bias of -100: every unit is zero for every
+    input (and, its gradient being zero, stays so). (Private: a public class attribute the engine does not read is
+    refused.)"""
 
-    dead = False
+    _dead = False
 
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
@@ -37,7 +38,7 @@ class ReluToyRecipe(ToyRecipe):
             nn.ReLU(),
             nn.Linear(c.hidden, c.num_classes),
         ).to(device)
-        if self.dead:
+        if self._dead:
             with torch.no_grad():
                 model[2].bias.fill_(-100.0)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -45,7 +46,7 @@ class ReluToyRecipe(ToyRecipe):
 
 
 class DeadReluToyRecipe(ReluToyRecipe):
-    dead = True
+    _dead = True
 
 
 def _config(tmp_path: Path, **changes: object) -> ToyConfig:

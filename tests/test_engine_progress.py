@@ -12,13 +12,13 @@ import pytest
 
 from trainlab.engine import metrics as metrics_module
 from trainlab.engine.metrics import (
-    WANDB_RUN_ID_FILE,
     MetricsLogger,
     RunProgress,
     check_wandb_login,
     eta_seconds,
     wandb_has_api_key,
 )
+from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError
 
 
@@ -140,7 +140,7 @@ def test_project_entity_and_name_resolution(tmp_path: Path, monkeypatch: pytest.
         ("from-env", "team-env", "cifar-bf16"),
         ("p", "e", "n"),
     ]
-    stored = (run_dir / WANDB_RUN_ID_FILE).read_text().strip()
+    stored = RunDir(run_dir).wandb_run_id.read_text().strip()
     assert len(stored) == 8 and all(c["id"] == stored and c["resume"] == "allow" for c in calls)
 
 
@@ -153,7 +153,7 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path: Path, monkeypatch:
         logger = MetricsLogger(run_dir, tensorboard=False, wandb_mode="offline")
         logger.log("train", step, 0, {"loss": 1.0 / step})
         logger.close()
-    run_id = (run_dir / WANDB_RUN_ID_FILE).read_text().strip()
+    run_id = RunDir(run_dir).wandb_run_id.read_text().strip()
     offline_runs = sorted((run_dir / "wandb").glob("offline-run-*"))
     # wandb names offline runs offline-run-<time>-<id>, adding -1, -2 when two start within the same second
     assert offline_runs and all(re.search(rf"-{run_id}(-\d+)?$", p.name) for p in offline_runs)

@@ -152,7 +152,7 @@ def test_max_steps_is_a_stopping_point_not_the_schedule_horizon(tmp_path: Path) 
     cosine = dataclasses.replace(ToyConfig().schedule, kind="cosine")
     short = Trainer(ToyRecipe(_config(tmp_path / "a", epochs=2, max_steps=4, schedule=cosine)))
     full = Trainer(ToyRecipe(_config(tmp_path / "b", epochs=2, schedule=cosine)))
-    assert short.total_steps == full.total_steps == 8 and short.stop_step == 4
+    assert short.length.total_steps == full.length.total_steps == 8 and short.length.stop_step == 4
     assert short.fit().losses == full.fit().losses[:4]
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from golden import (
     CASES,
+    RECIPE_CASES,
     REFERENCE,
     REFERENCE_CASES,
     REFERENCE_RTOL,
@@ -25,6 +26,8 @@ from golden import (
     run_case,
     write_json,
 )
+
+from trainlab.recipes import list_recipes
 
 
 def _check_shape(got: dict[str, Any]) -> None:
@@ -74,6 +77,14 @@ def test_native_run_matches_bit_for_bit_where_recorded(
     assert case in native.get("cases", {}), f"no native golden for {case!r} in {path.name}: --update-golden"
     problems = differences(got, native["cases"][case])
     assert not problems, f"{case} is not bit for bit its golden run on this machine: " + "; ".join(problems)
+
+
+def test_every_recipe_has_a_golden_case() -> None:
+    """A registered recipe without a golden run would change unguarded; a case of an unregistered one would be
+    silently dropped from `CASES`."""
+    assert sorted(set(list_recipes()) - {r for r, cases in RECIPE_CASES.items() if cases}) == []
+    assert sorted(set(RECIPE_CASES) - set(list_recipes())) == []
+    assert all(case.recipe == recipe for recipe, cases in RECIPE_CASES.items() for case in cases.values())
 
 
 def test_a_requested_kernel_set_is_in_effect() -> None:

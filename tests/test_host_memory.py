@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from trainlab.engine.host_allocator import _glibc, configure_host_allocator
 from trainlab.errors import UsageError
-from trainlab.host_memory import _glibc, configure_host_allocator
 
 # A small training step (an MLP on a 4096-row batch: 32 MiB hidden activations and their gradients), 16 times; the
 # minor page faults of each step. With glibc's defaults the large blocks are mappings of their own, unmapped when
@@ -20,7 +20,7 @@ from trainlab.host_memory import _glibc, configure_host_allocator
 _PROBE = """
 import json, resource, sys
 import torch
-from trainlab.host_memory import configure_host_allocator
+from trainlab.engine.host_allocator import configure_host_allocator
 line = configure_host_allocator(sys.argv[1])
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 256))

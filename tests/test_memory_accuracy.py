@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.weak import WeakIdKeyDictionary
 
+from trainlab.engine.debug import debug_run_config
 from trainlab.engine.loop import Trainer
 from trainlab.memory.breakdown import breakdown
 from trainlab.memory.trace import trace_training
@@ -112,7 +113,7 @@ def measure_real_peak(recipe: Any, first: int = 2, last: int = 4) -> int:
 
 def _recipe(name: str, tmp_path: Path, **overrides: Any) -> Any:
     cls = get_recipe(name)
-    config = dataclasses.replace(cls(cls.config_class()).debug_config(), run_dir=tmp_path, device="cpu", **overrides)
+    config = dataclasses.replace(debug_run_config(cls(cls.config_class())), run_dir=tmp_path, device="cpu", **overrides)
     if "batch_size" not in overrides and config.batch_size % config.grad_accumulation:
         config = dataclasses.replace(config, batch_size=config.batch_size * config.grad_accumulation)
     return cls(config)

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainlab.engine.debug import debug_run_config
 from trainlab.memory.breakdown import breakdown
 from trainlab.memory.cuda_autocast import CudaAutocastPolicy
 from trainlab.memory.trace import trace_training
@@ -68,7 +69,7 @@ def test_cuda_policy_leaves_the_rest_alone() -> None:
 
 
 def _var(tmp_path: Path, precision: str) -> VARRecipe:
-    config = dataclasses.replace(VARRecipe(VARRecipe.config_class()).debug_config(), run_dir=tmp_path)
+    config = dataclasses.replace(debug_run_config(VARRecipe(VARRecipe.config_class())), run_dir=tmp_path)
     return VARRecipe(dataclasses.replace(config, precision=precision))
 
 
@@ -127,7 +128,7 @@ def test_every_recipe_traces_under_the_cuda_policy(name: str, overrides: dict[st
     from trainlab.recipes import get_recipe
 
     cls = get_recipe(name)
-    config = dataclasses.replace(cls(cls.config_class()).debug_config(), run_dir=tmp_path, precision="bf16-amp")
+    config = dataclasses.replace(debug_run_config(cls(cls.config_class())), run_dir=tmp_path, precision="bf16-amp")
     recipe = cls(dataclasses.replace(config, **overrides))
     micro = recipe.config.batch_size
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from trainlab.cli import main
+from trainlab.engine.debug import debug_run_config
 from trainlab.errors import UsageError
 from trainlab.memory.allocator import GIB
 from trainlab.memory.breakdown import breakdown
@@ -22,7 +23,7 @@ from trainlab.recipes.var import VARRecipe
 
 
 def test_a_tokenizer_read_from_a_file_is_one_frozen_model(tmp_path: Path) -> None:
-    base = dataclasses.replace(VARRecipe(VARRecipe.config_class()).debug_config(), run_dir=tmp_path)
+    base = dataclasses.replace(debug_run_config(VARRecipe(VARRecipe.config_class())), run_dir=tmp_path)
     tokenizer = load_tokenizer("", "vqvae_debug", base.patch_nums, seed=base.seed)
     path = export_official(tokenizer, tmp_path / "tokenizer.pth")
     tokenizer_bytes = sum(t.numel() * t.element_size() for t in [*tokenizer.parameters(), *tokenizer.buffers()])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainlab.data.transforms import TwoViews, two_views
-from trainlab.engine.debug import run_debug_check
+from trainlab.engine.debug import debug_run_config, run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -25,7 +25,7 @@ from trainlab.recipes.moco import MocoConfig, MocoRecipe
 
 
 def _config(run_dir: Path, **kw: object) -> MocoConfig:
-    cfg = MocoRecipe(MocoConfig()).debug_config()
+    cfg = debug_run_config(MocoRecipe(MocoConfig()))
     return dataclasses.replace(cfg, run_dir=run_dir, tensorboard=False, progress=False, **kw)  # type: ignore[arg-type]
 
 
@@ -41,7 +41,7 @@ def test_engine_equals_official_loop(tmp_path: Path, accumulation: int) -> None:
     probe.sampler.set_epoch(0)
     probe.train_dataset.set_epoch(0)  # type: ignore[attr-defined]
     batches = list(probe.loader)
-    total = probe.total_steps
+    total = probe.length.total_steps
     optimizer = LARS(
         [p for p in model.parameters() if p.requires_grad],
         cfg.optim.base_learning_rate * cfg.batch_size / 256,  # the official linear scaling, written out

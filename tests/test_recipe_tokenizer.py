@@ -17,7 +17,7 @@ from torch import nn
 
 from trainlab.cli import main
 from trainlab.config import load_yaml, parse
-from trainlab.engine.debug import run_debug_check
+from trainlab.engine.debug import debug_run_config, run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import StepInfo, TrainConfig
 from trainlab.errors import UsageError
@@ -79,7 +79,7 @@ class MicroTokenizerRecipe(TokenizerRecipe):
 
 def _base(run_dir: Path, **kw: object) -> TokenizerConfig:
     cfg = TokenizerConfig(run_dir=run_dir, tensorboard=False, progress=False, device="cpu", seed=3)
-    return _with_data(TokenizerRecipe(cfg).debug_config(), dict(kw))
+    return _with_data(debug_run_config(TokenizerRecipe(cfg)), dict(kw))
 
 
 # ------------------------------------------------------------------------------------------- engine-level
@@ -144,6 +144,23 @@ def test_debug_check_with_a_grad_scaler_per_phase_and_ema_codebook(tmp_path: Pat
     assert steps[4]["generator/loss_scale"] > 0 and steps[4]["discriminator/loss_scale"] > 0
     assert sum(r["generator/codes_restarted"] for r in steps.values()) > 0  # 64 codes, 1-step threshold
     assert 0 < steps[1]["generator/codebook_used_pct"] <= 100
+
+
+def test_an_ema_of_the_vqvae_is_checkpointed_resumed_and_read_by_loaders(tmp_path: Path) -> None:
+    """--model-ema-decay: the engine keeps `vqvae_ema` (the discriminator has none); the debug check resumes it bit for
+    bit, and a loader handed the run's checkpoint reads the averaged VQVAE."""
+    from trainlab.engine.checkpoint import load_checkpoint, weights_in_checkpoint
+
+    recipe = TokenizerRecipe(_base(tmp_path, model_ema_decay=0.5))
+    report = run_debug_check(TokenizerRecipe, recipe, tmp_path / "debug")
+    assert report.passed and report.averaged_identical, report.line()
+    path = tmp_path / "debug" / "resumed" / "ckpt" / "last.pt"
+    state = load_checkpoint(path)
+    assert list(state["averaged"]) == ["vqvae_ema"] and state["averaged"]["vqvae_ema"]["follows"] == "vqvae"
+    read = weights_in_checkpoint("vqvae")(state, path)
+    average = state["averaged"]["vqvae_ema"]["weights"]
+    assert read.keys() == average.keys() and all(torch.equal(read[k], v) for k, v in average.items())
+    assert any(not torch.equal(state["models"]["vqvae"][k], v) for k, v in average.items())
 
 
 def test_each_phase_only_has_gradients_for_its_own_modules(tmp_path: Path) -> None:

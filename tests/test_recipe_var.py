@@ -30,7 +30,7 @@ from trainlab.data.token_cache import (
     tokenizer_sha256,
 )
 from trainlab.data.transforms import VarResizeCrop
-from trainlab.engine.debug import run_debug_check
+from trainlab.engine.debug import debug_run_config, run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import StepInfo
 from trainlab.errors import UsageError
@@ -49,7 +49,7 @@ CPU = torch.device("cpu")
 
 
 def _cfg(run_dir: Path, **kw: object) -> VARTrainConfig:
-    tiny = VARRecipe(VARTrainConfig(run_dir=run_dir)).debug_config()
+    tiny = debug_run_config(VARRecipe(VARTrainConfig(run_dir=run_dir)))
     assert isinstance(tiny, VARTrainConfig)
     return dataclasses.replace(tiny, run_dir=run_dir, tensorboard=False, progress=False, **kw)  # type: ignore[arg-type]
 
@@ -90,6 +90,24 @@ def test_debug_check_passes_and_exports_official_format(tmp_path: Path) -> None:
         "token_accuracy_last_scale",
     } <= set(rows[0])
     assert "cross_entropy_scale_3" in rows[0] and "val_cross_entropy_scale_0" in _rows(run, "eval")[-1]
+
+
+def test_an_ema_of_var_is_checkpointed_resumed_and_what_the_export_holds(tmp_path: Path) -> None:
+    """--model-ema-decay: the engine keeps `var_ema`; the debug check resumes it bit for bit, and the export (at the
+    end of training and from the checkpoint) holds the averaged weights, not the trained ones."""
+    cfg = _cfg(tmp_path, model_ema_decay=0.5)
+    report = run_debug_check(VARRecipe, VARRecipe(cfg), tmp_path / "debug")
+    assert report.passed and report.averaged_identical, report.line()
+    run = tmp_path / "debug" / "resumed"
+    state = torch.load(run / "ckpt" / "last.pt", weights_only=True)
+    average = state["averaged"]["var_ema"]
+    assert average["follows"] == "var" and average["decay"] == 0.5
+    trained = state["models"]["var"]
+    assert any(not torch.equal(trained[k], v) for k, v in average["weights"].items())
+    from trainlab.models.var.convert import read_state_dict
+
+    for exported in (read_state_dict(run / VAR_EXPORT_PTH, "VAR"), read_state_dict(export_run(run)[0], "VAR")):
+        assert all(torch.equal(exported[k], v) for k, v in average["weights"].items())
 
 
 def test_init_from_official_weights_loads_them_strictly(tmp_path: Path) -> None:
@@ -235,7 +253,13 @@ def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
 
 
 def test_tokenizer_loads_from_a_tokenizer_run_checkpoint_and_checks_its_preset(tmp_path: Path) -> None:
+    """The VAR recipe reads `--tokenizer-weights runs/tok/ckpt/last.pt` through the engine's checkpoint reader (the
+    loader is handed the VQVAE's plain state dict)."""
+    from trainlab.engine.checkpoint import weights_in_checkpoint
     from trainlab.models.var.vqvae import VQVAE
+    from trainlab.recipes.var import TOKENIZER_MODEL
+
+    unwrap = weights_in_checkpoint(TOKENIZER_MODEL)
 
     torch.manual_seed(0)
     weights = VQVAE(vqvae_config("vqvae_digits", PATCH_NUMS)).state_dict()
@@ -243,11 +267,11 @@ def test_tokenizer_loads_from_a_tokenizer_run_checkpoint_and_checks_its_preset(t
     path = tmp_path / "last.pt"
     torch.save({"format": "trainlab-checkpoint", "models": {"vqvae": weights, "discriminator": other}}, path)
     for preset in ("vqvae_digits", "auto"):
-        tokenizer = load_tokenizer(str(path), preset, PATCH_NUMS)
+        tokenizer = load_tokenizer(str(path), preset, PATCH_NUMS, unwrap=unwrap)
         assert not any(p.requires_grad for p in tokenizer.parameters()) and not tokenizer.training
         assert torch.equal(tokenizer.quantize.embedding.weight, weights["quantize.embedding.weight"])
     with pytest.raises(UsageError, match="do not fit --tokenizer-model vqvae_official"):
-        load_tokenizer(str(path), "vqvae_official", PATCH_NUMS)
+        load_tokenizer(str(path), "vqvae_official", PATCH_NUMS, unwrap=unwrap)
     with pytest.raises(UsageError, match=r"huggingface\.co"):
         load_tokenizer(str(tmp_path / "missing.pth"), "official", PATCH_NUMS)
 

@@ -14,9 +14,10 @@ import yaml
 
 from trainlab.cli import main as cli_main
 from trainlab.commands.report import main as report_main
+from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError
 from trainlab.report.plots import plot_comparison, plot_run
-from trainlab.report.runs import group_runs, load_run, read_metrics, summarize_run
+from trainlab.report.runs import group_runs, load_run, summarize_run
 from trainlab.report.tables import write_results_table
 
 MIB = 2**20
@@ -125,7 +126,7 @@ def _assert_png(path: Path) -> None:
 
 
 def test_read_metrics_handles_nan_duplicates_and_truncation(runs: dict[str, list[Path]]) -> None:
-    rows = read_metrics(runs["fp16"][0])
+    rows = RunDir(runs["fp16"][0]).read_metrics()
     assert rows[0]["kind"] == "train" and rows[0]["step"] == 1
     assert math.isnan(rows[-1]["loss"]) and rows[-1]["step"] == 60  # "nan" string read back as float
     assert sum(r["kind"] == "train" and r["step"] == 60 for r in rows) == 2
@@ -197,20 +198,20 @@ def test_group_runs_merges_seeds_only(runs: dict[str, list[Path]]) -> None:
 
 def test_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="does not exist"):
-        read_metrics(tmp_path / "missing")
+        RunDir(tmp_path / "missing").read_metrics()
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match=r"no metrics\.jsonl"):
-        read_metrics(tmp_path / "empty")
+        RunDir(tmp_path / "empty").read_metrics()
     (tmp_path / "empty" / "metrics.jsonl").write_text("\n")
     with pytest.raises(UsageError, match="no rows"):
-        read_metrics(tmp_path / "empty")
+        RunDir(tmp_path / "empty").read_metrics()
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\nnot json\n{"kind": "eval"}\n')
     with pytest.raises(UsageError, match="line 2 is not valid JSON"):
-        read_metrics(tmp_path / "bad")
+        RunDir(tmp_path / "bad").read_metrics()
     (tmp_path / "bad" / "metrics.jsonl").write_text("[1, 2]\n")
     with pytest.raises(UsageError, match="line 1 is not a metrics row"):
-        read_metrics(tmp_path / "bad")
+        RunDir(tmp_path / "bad").read_metrics()
     with pytest.raises(UsageError, match="no runs"):
         write_results_table([], tmp_path / "t.md", tmp_path / "t.csv")
     (tmp_path / "noloss").mkdir()
@@ -281,14 +282,13 @@ def test_saturated_accuracy_plots_stay_readable(
 
 def test_report_modules_split_by_concept(python: str, run_env: dict[str, str]) -> None:
     """runs (reading), tables (results table) and plots (figures); only plots needs matplotlib."""
+    import trainlab.engine.run_dir as run_dir_module
     import trainlab.report.plots as plots
     import trainlab.report.runs as runs_module
     import trainlab.report.tables as tables
 
     homes = {
         runs_module: [
-            "read_metrics",
-            "read_config",
             "latest_rows",
             "RunData",
             "load_run",
@@ -297,6 +297,7 @@ def test_report_modules_split_by_concept(python: str, run_env: dict[str, str]) -
         ],
         plots: ["plot_run", "plot_comparison"],
         tables: ["write_results_table", "mean_std"],
+        run_dir_module: ["RunDir"],
     }
     for module, names in homes.items():
         assert all(getattr(module, name).__module__ == module.__name__ for name in names), module.__name__

@@ -339,14 +339,14 @@ def test_fp16_update_overflow_is_the_divergence_path(tmp_path: Path) -> None:
 
 # -------------------------------------------------------------------------------------------------- lock
 class _Recording(ToyRecipe):
-    built: ClassVar[list[str]] = []
+    _built: ClassVar[list[str]] = []  # class-level: read after the Trainer is gone
 
     def build(self, device: torch.device) -> TrainParts:
-        self.built.append("models")
+        self._built.append("models")
         return super().build(device)
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Any:
-        self.built.append("data")
+        self._built.append("data")
         return super().build_data(parts, device)
 
 
@@ -362,12 +362,12 @@ def test_a_second_launch_is_refused_before_anything_is_built(tmp_path: Path) -> 
         with pytest.raises(UsageError, match=rf"in use by pid {holder.pid}"):
             Trainer(_Recording(_config(tmp_path)))
         assert time.perf_counter() - start < 1.0
-        assert _Recording.built == []  # neither models nor data (a token cache) were built
+        assert _Recording._built == []  # neither models nor data (a token cache) were built
     finally:
         holder.kill()
         holder.wait()
     trainer = Trainer(_Recording(_config(tmp_path, max_steps=1)))  # the lock is held from here on ...
-    assert _Recording.built == ["models", "data"]
+    assert _Recording._built == ["models", "data"]
     with pytest.raises(UsageError, match="in use by pid"):
         Trainer(_Recording(_config(tmp_path)))
     trainer.fit()  # ... until fit returns

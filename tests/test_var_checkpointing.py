@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from trainlab.cli import main
+from trainlab.engine.debug import debug_run_config
 from trainlab.engine.recipe import StepInfo, apply_activation_checkpointing
 from trainlab.engine.seeding import seed_everything
 from trainlab.memory.breakdown import breakdown
@@ -20,7 +21,7 @@ from trainlab.recipes.var import VARRecipe
 
 
 def _recipe(tmp_path: Path, checkpointing: bool, **overrides: object) -> VARRecipe:
-    base = VARRecipe(VARRecipe.config_class()).debug_config()
+    base = debug_run_config(VARRecipe(VARRecipe.config_class()))
     config = dataclasses.replace(base, run_dir=tmp_path, activation_checkpointing=checkpointing, **overrides)
     return VARRecipe(config)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainlab.commands.sample import load_var_pair
 from trainlab.errors import UsageError
 from trainlab.losses.token_cross_entropy import token_cross_entropy
 from trainlab.models.var.blocks import AdaLNSelfAttn
@@ -303,7 +304,7 @@ def test_loader_errors(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
 
 def test_trainlab_run_checkpoints_are_unwrapped(debug_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """`ckpt/last.pt` of a tokenizer run (VQVAE + discriminator) and of a VAR run load as --tokenizer-weights /
-    --var-weights."""
+    --var-weights (the command unwraps them through the engine's checkpoint reader)."""
     vae_path, var_path = debug_pair
     vae_sd, var_sd = torch.load(vae_path, weights_only=True), torch.load(var_path, weights_only=True)
     disc_sd = {"main.0.weight": torch.zeros(4, 3, 4, 4)}
@@ -311,8 +312,10 @@ def test_trainlab_run_checkpoints_are_unwrapped(debug_pair: tuple[Path, Path], t
     var_run = {"format": "trainlab-checkpoint", "step": 5, "models": {"var": var_sd}}
     torch.save(tok_run, tmp_path / "tok_last.pt")
     torch.save(var_run, tmp_path / "var_last.pt")
-    vqvae, var = load_official(tmp_path / "tok_last.pt", tmp_path / "var_last.pt")
+    vqvae, var = load_var_pair(tmp_path / "tok_last.pt", tmp_path / "var_last.pt")
     assert torch.equal(var.head.weight, var_sd["head.weight"])
     assert torch.equal(vqvae.quant_conv.weight, vae_sd["quant_conv.weight"])
-    with pytest.raises(UsageError, match="holds no VAR model"):
-        load_official(tmp_path / "tok_last.pt", tmp_path / "tok_last.pt")
+    with pytest.raises(UsageError, match="holding no model 'var' \\(models: discriminator, vqvae\\)"):
+        load_var_pair(tmp_path / "tok_last.pt", tmp_path / "tok_last.pt")
+    with pytest.raises(UsageError, match="not a plain state_dict"):  # the model loader alone reads official files
+        load_official(tmp_path / "tok_last.pt", tmp_path / "var_last.pt")

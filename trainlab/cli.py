@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from trainlab import launcher
+from trainlab.engine.host_allocator import configure_host_allocator
 from trainlab.errors import UsageError
-from trainlab.host_memory import configure_host_allocator
 
 log = logging.getLogger("trainlab")
 

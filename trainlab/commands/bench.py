@@ -26,6 +26,7 @@ from trainlab.config import option, parse
 from trainlab.data.cifar_config import CifarData, upgrade_fake_data
 from trainlab.engine.device import DEVICE_HELP
 from trainlab.engine.precision_names import LAB_PRECISIONS, PrecisionName
+from trainlab.engine.run_dir import RunDir
 from trainlab.engine.run_lock import RunDirLock
 from trainlab.errors import UsageError, check_output_path
 from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
@@ -176,9 +177,7 @@ def _run_locked(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
     for mode in modes:
         for seed in range(cfg.num_seeds):
             run_dir = cfg.run_dir / "runs" / f"{cfg.model}-{mode}-seed{seed}"
-            metrics = run_dir / "metrics.jsonl"
-            done = metrics.is_file() and '"kind": "summary"' in metrics.read_text(errors="replace")
-            if not done:
+            if not RunDir(run_dir).is_finished():  # an interrupted run resumes
                 log.info("bench: %s seed %d -> %s", mode, seed, run_dir)
                 env = dict(os.environ, TRAINLAB_BENCH="1", **{SHOWN_ENV: json.dumps(shown)})
                 proc = subprocess.run(_train_command(cfg, mode, seed, run_dir, extra), env=env)

@@ -114,16 +114,18 @@ def _recipe_data_root(config: Any) -> Path | None:
 
 def checkpoint_bytes(recipe: Any) -> int:
     """One checkpoint's size from the memory planner: trained parameters, their buffers and optimizer states."""
+    from trainlab.engine.run_length import run_length
     from trainlab.memory.breakdown import breakdown
     from trainlab.memory.trace import trace_training
 
-    traced = breakdown(trace_training(recipe, device="cpu", micro_batch=1, grad_accumulation=1, total_steps=2))
+    two_steps = run_length(2, epochs=1, max_steps=-1)  # the first step creates the optimizer states
+    traced = breakdown(trace_training(recipe, device="cpu", micro_batch=1, grad_accumulation=1, length=two_steps))
     return traced.parameters_bytes + traced.optimizer_states_bytes + traced.at_peak.get("buffer", 0)
 
 
 def plan_from_recipe(name: str, argv: list[str], processes: int) -> PlannedRun:
     """The run `trainlab train NAME ARGV` would start, sized by the recipe's example batch and the planner."""
-    from trainlab.engine.data import micro_batch_size
+    from trainlab.engine.sampler import micro_batch_size
     from trainlab.recipes import get_recipe
 
     recipe_cls = get_recipe(name)

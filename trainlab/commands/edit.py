@@ -214,15 +214,17 @@ def main(argv: list[str]) -> int:
 
     import torch
 
-    from trainlab.commands.sample import _save_grid, check_tokenizer_matches
+    from trainlab.commands.sample import TOKENIZER_MODEL, _save_grid, check_tokenizer_matches, load_var_pair
+    from trainlab.engine.checkpoint import weights_in_checkpoint
     from trainlab.engine.device import resolve_device
-    from trainlab.models.var.convert import load_official, read_state_dict
+    from trainlab.models.var.convert import read_state_dict
     from trainlab.models.var.edit import edit_tokens, encode_tokens, kept_token_maps
 
     device = resolve_device(config.device)
-    vqvae, var = load_official(config.tokenizer_weights, config.var_weights)
+    vqvae, var = load_var_pair(config.tokenizer_weights, config.var_weights)
     check_tokenizer_matches(config.var_weights, config.tokenizer_weights, vqvae)
-    hits = read_state_dict(config.tokenizer_weights, "VQVAE").get("quantize.ema_vocab_hit_SV")  # one row per scale
+    vae_sd = read_state_dict(config.tokenizer_weights, "VQVAE", unwrap=weights_in_checkpoint(TOKENIZER_MODEL))
+    hits = vae_sd.get("quantize.ema_vocab_hit_SV")  # one row per scale
     ema_rows = len(var.patch_nums) if hits is None else int(hits.shape[0])
     if ema_rows != len(var.patch_nums):
         raise UsageError(

@@ -10,8 +10,9 @@ trainlab eval linear-probe --moco-weights CKPT --data.kind image-folder --data.r
 --data.kind, --data.root and --image-size default to what the checkpoint was pretrained with (a trainlab run records
 them, an official ViT's position table fixes its side), else digits at 16 px; a value given that differs is used,
 with a warning. --data.eval-limit N caps the images of each split (kNN: bank and queries; linear-probe: the test
-images, --data.train-limit the training ones). linear-probe prints its result only when training ended with an
-evaluation of the last epoch: stopped earlier (--max-steps, SIGTERM), it says so (the same command resumes).
+images, --data.train-limit the training ones). `eval linear-probe` is `trainlab train linear-probe` (the same flags,
+run directory, resume and --debug) printing the test accuracy after the last epoch; stopped earlier (--max-steps,
+SIGTERM), it says so (the same command resumes); a finished run launched again prints its result again.
 
 Generated samples (a folder of PNGs or an .npz with uint8 (N, H, W, 3) under arr_0, e.g. `trainlab sample --out-dir`):
 trainlab eval fid --samples samples/ --reference VIRTUAL_imagenet256_labeled.npz --inception-weights inception.pth
@@ -30,7 +31,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainlab.config import option, parse
 from trainlab.data.config import check_image_size, eval_limit_option
@@ -58,6 +59,9 @@ class KnnData(ProbeData):
 
 if TYPE_CHECKING:
     import torch
+
+    from trainlab.engine.loop import FitResult
+    from trainlab.engine.recipe import Recipe
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -141,47 +145,35 @@ def _knn(argv: list[str]) -> int:
 
 
 def _linear_probe(argv: list[str]) -> int:
-    from trainlab.engine.loop import Trainer
-    from trainlab.recipes.linear_probe import LinearProbeConfig, LinearProbeRecipe
-    from trainlab.report.runs import latest_rows, read_metrics
+    """`trainlab eval linear-probe ...` is `trainlab train linear-probe ...` (the same flags, run, resume and --debug)
+    reporting the run's final evaluation as one JSON line."""
+    from trainlab.commands.train import train
 
-    c = parse(LinearProbeConfig, argv, prog="trainlab eval linear-probe")
-    recipe = LinearProbeRecipe(c)
-    trainer = Trainer(recipe)
-    result = trainer.fit()
-    if result.status == "interrupted":
-        print(
-            f"trainlab eval linear-probe: interrupted at step {result.step}; saved {trainer.ckpt_dir / 'last.pt'}: run "
-            "the same command again to resume",
-            file=sys.stderr,
-        )
-        return 130
-    evals = [row for row in latest_rows(read_metrics(c.run_dir), "eval", "epoch") if "test_accuracy" in row]
-    final = result.last_eval.get("test_accuracy")
-    if final is None and evals and evals[-1]["epoch"] == result.epoch:  # a finished run launched again
-        final = evals[-1]["test_accuracy"]
+    return train("linear-probe", argv, prog="trainlab eval linear-probe", report=_report_probe, interrupted_code=130)
+
+
+def _report_probe(recipe: Recipe[Any], result: FitResult) -> None:
+    """The test accuracy after the last epoch (`FitResult.last_eval`), or why there is none yet."""
+    epochs = recipe.config.epochs
+    final = result.last_eval.get("test_accuracy") if result.last_eval_epoch == epochs else None
     if final is None:
         print(
             f"trainlab eval linear-probe: no evaluation yet: training stopped at step {result.step} ({result.status}, "
-            f"epoch {result.epoch} of {recipe.config.epochs} done) before the evaluation of the last epoch; run "
-            "without --max-steps (or a larger one) to get the test accuracy",
+            f"epoch {result.epoch} of {epochs} done) before the evaluation of the last epoch; run without "
+            "--max-steps (or a larger one) to get the test accuracy",
             file=sys.stderr,
         )
     print(
         json.dumps(
             {
                 "final_test_accuracy": final,
-                "best_epoch_test_accuracy (chosen on the test set)": max(
-                    (float(row["test_accuracy"]) for row in evals), default=None
-                ),
-                "epochs_evaluated": [int(row["epoch"]) for row in evals],
+                "evaluated_after_epoch": result.last_eval_epoch,
                 "step": result.step,
                 "status": result.status,
-                "backbone": recipe.source,
+                "backbone": getattr(recipe, "source", ""),
             }
         )
     )
-    return 0
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -23,8 +23,9 @@ import os
 from pathlib import Path
 
 from trainlab.config import option, parse
+from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError, check_output_path, first_line
-from trainlab.report.runs import different_kinds, find_run_dirs, group_runs, load_run, summarize_run
+from trainlab.report.runs import different_kinds, group_runs, load_run, summarize_run
 from trainlab.report.tables import write_results_table
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class ReportConfig:
                 raise UsageError(
                     f"run directory {run_dir} does not exist; pass directories written by `trainlab train`"
                 )
-            if not (run_dir / "metrics.jsonl").is_file() and not find_run_dirs(run_dir):
+            if not RunDir(run_dir).metrics.is_file() and not _runs_under(run_dir):
                 raise UsageError(
                     f"no metrics.jsonl in {run_dir} nor in any folder under it; pass directories written by "
                     "`trainlab train`"
@@ -64,8 +65,13 @@ class ReportConfig:
         """The run directories: each argument itself when it holds metrics.jsonl, else the runs found under it."""
         found: list[Path] = []
         for run_dir in self.run_dirs:
-            found += [run_dir] if (run_dir / "metrics.jsonl").is_file() else find_run_dirs(run_dir)
+            found += [run_dir] if RunDir(run_dir).metrics.is_file() else _runs_under(run_dir)
         return list(dict.fromkeys(found))
+
+
+def _runs_under(folder: Path) -> list[Path]:
+    """The run directories under `folder` that have logged metrics (a report has nothing to show of the others)."""
+    return [run.path for run in RunDir.find(folder) if run.metrics.is_file()]
 
 
 BENCH_MANIFEST = "bench.json"  # what `trainlab bench precision` writes next to its report: its runs, in order
@@ -134,7 +140,7 @@ def plan_report(config: ReportConfig) -> ReportPlan:
     if run_dirs != config.run_dirs:
         log.info("found %d run directories: %s", len(run_dirs), ", ".join(map(str, run_dirs)))
     if len(run_dirs) == 1:
-        out_dir = config.out_dir or run_dirs[0] / "plots"
+        out_dir = config.out_dir or RunDir(run_dirs[0]).plots
         return ReportPlan(run_dirs, None, out_dir, out_dir)
     parent = config.run_dirs[0] if len(config.run_dirs) == 1 else None  # one folder searched: its report/
     out_dir = config.out_dir or (parent or Path(os.path.commonpath([p.resolve() for p in run_dirs]))) / "report"

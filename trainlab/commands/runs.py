@@ -25,8 +25,6 @@ Listing imports no torch and no recipe: a checkpoint's step and epoch are read f
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import json
 import math
 import os
@@ -37,10 +35,9 @@ from typing import Any
 
 from trainlab.config import option, parse
 from trainlab.engine.checkpoint_fields import UnreadableCheckpoint, read_fields
+from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError
 from trainlab.report.runs import describing_metric
-
-_NOT_RUNS = {"tb", "ckpt", "wandb", "plots", "report", "__pycache__"}  # folders inside a run directory
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -63,7 +60,8 @@ class RunState:
     recipe: str | None
     status: str  # running | finished | interrupted | failed
     step: int | None
-    total_steps: int | None
+    stop_step: int | None  # the step the run ends at: all epochs, or --max-steps (`engine.run_length`)
+    total_steps: int | None  # the schedule's horizon: epochs x steps per epoch
     epoch: int | None
     epochs: int | None
     loss: float | None
@@ -75,77 +73,11 @@ class RunState:
     command: str | None  # the command that resumes it (None when it is finished or no command was recorded)
 
 
-def find_run_dirs(root: Path) -> list[Path]:
-    """Folders under `root` (itself included) that hold `metrics.jsonl` or `config.yaml`, sorted by path."""
-    found = []
-    for here, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if d not in _NOT_RUNS and not d.startswith("."))
-        if "metrics.jsonl" in files or "config.yaml" in files:
-            found.append(Path(here))
-    return found
-
-
-def _lock_owner(run_dir: Path) -> str | None:
-    """'pid P on HOST' when `run_dir/.lock` is flock-held by a live process, else None."""
-    path = run_dir / ".lock"
-    try:
-        handle = open(path)  # noqa: SIM115 - closed below; never created here
-    except OSError:
-        return None
-    with handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with the trainer's LOCK_EX
-        except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EACCES):
-                return None
-            try:
-                info = json.loads(handle.read() or "{}")
-            except json.JSONDecodeError:
-                info = {}
-            return f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    return None
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
-
-
-def _header(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """The provenance comments (`# recipe: ...`, `# command: ...`) and the values of `config.yaml`."""
-    import yaml
-
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return {}, {}
-    text = path.read_text(encoding="utf-8", errors="replace")
-    header = {}
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        key, sep, value = line[1:].strip().partition(": ")
-        if sep:
-            header[key] = value
-    try:
-        values = yaml.safe_load(text)
-    except yaml.YAMLError:
-        values = None
-    return header, values if isinstance(values, dict) else {}
-
-
-def _checkpoint(run_dir: Path) -> tuple[dict[str, Any], float | None]:
-    """Position fields of the newest readable checkpoint (`ckpt/last.pt`, else the newest `ckpt/step_*.pt`) and its
-    mtime; ({}, None) when there is none."""
-    ckpt = run_dir / "ckpt"
+def _checkpoint(files: RunDir) -> tuple[dict[str, Any], float | None]:
+    """Where the newest readable checkpoint stands (`ckpt/last.pt`, else the newest `ckpt/step_*.pt`: recipe, step,
+    epoch, step_in_epoch, best_score) and its mtime; ({}, None) when there is none. Read from the pickle alone
+    (`engine.checkpoint_fields`): no torch, no tensors."""
+    ckpt = files.ckpt
     candidates = [ckpt / "last.pt", *sorted(ckpt.glob("step_*.pt"), reverse=True)] if ckpt.is_dir() else []
     keys = ("recipe", "step", "epoch", "step_in_epoch", "best_score")
     for path in candidates:
@@ -157,22 +89,6 @@ def _checkpoint(run_dir: Path) -> tuple[dict[str, Any], float | None]:
             continue
         return {k: fields.get(k) for k in keys}, path.stat().st_mtime
     return {}, None
-
-
-def _total_steps(rows: list[dict[str, Any]], ckpt: dict[str, Any], config: dict[str, Any]) -> int | None:
-    """Optimizer steps of the whole run: a logged `total_steps`, else steps per epoch (from a checkpoint past its
-    first epoch) x epochs, capped by --max-steps."""
-    logged = [r["total_steps"] for r in rows if isinstance(r.get("total_steps"), int)]
-    if logged:
-        return int(logged[-1])
-    epochs, max_steps = config.get("epochs"), config.get("max_steps")
-    step, epoch, in_epoch = ckpt.get("step"), ckpt.get("epoch"), ckpt.get("step_in_epoch")
-    total = None
-    if isinstance(epochs, int) and isinstance(step, int) and isinstance(epoch, int) and isinstance(in_epoch, int):
-        total = (step - in_epoch) // epoch * epochs if epoch > 0 else None
-    if isinstance(max_steps, int) and max_steps > 0:
-        total = max_steps if total is None else min(total, max_steps)
-    return total
 
 
 def _number(value: Any) -> float | None:
@@ -211,32 +127,32 @@ def resume_command(command: str) -> str:
 
 def run_state(run_dir: Path) -> RunState:
     """The state of one run directory (see the module docstring for the status rules)."""
-    header, config = _header(run_dir)
-    rows = _read_rows(run_dir / "metrics.jsonl")
-    ckpt, ckpt_mtime = _checkpoint(run_dir)
+    files = RunDir(run_dir)
+    try:
+        header = files.header()
+        config = files.read_config()
+    except UsageError:  # an unreadable or damaged config.yaml: list the run with what the other files say
+        header, config = {}, {}
+    rows = files.read_metrics(skip_damaged=True)
+    ckpt, ckpt_mtime = _checkpoint(files)
     train = [r for r in rows if r.get("kind") == "train" and isinstance(r.get("step"), int)]
     evals = [r for r in rows if r.get("kind") == "eval"]
     summaries = [r for r in rows if r.get("kind") == "summary"]
     logged_step = max((int(r["step"]) for r in train + summaries), default=None)
     ckpt_step = ckpt.get("step") if isinstance(ckpt.get("step"), int) else None
     step = max((s for s in (logged_step, ckpt_step) if s is not None), default=None)
-    total = _total_steps(rows, ckpt, config)
+    length = files.length(rows, config, _steps_per_epoch(ckpt))
     epochs = config.get("epochs") if isinstance(config.get("epochs"), int) else None
-    last_summary = summaries[-1] if summaries else None
-    reached_end = last_summary is not None and (
-        (total is not None and isinstance(last_summary.get("step"), int) and last_summary["step"] >= total)
-        or (epochs is not None and isinstance(last_summary.get("epoch"), int) and last_summary["epoch"] >= epochs)
-    )
-    owner = _lock_owner(run_dir)
+    owner = files.lock_owner()
     if owner is not None:
         status = "running"
-    elif reached_end:
+    elif files.is_finished(rows, config, _steps_per_epoch(ckpt)):
         status = "finished"
     elif ckpt_step is not None and (logged_step is None or logged_step <= ckpt_step):
         status = "interrupted"
     else:
         status = "failed"
-    mtimes = [p.stat().st_mtime for p in (run_dir / "metrics.jsonl",) if p.is_file()]
+    mtimes = [files.metrics.stat().st_mtime] if files.metrics.is_file() else []
     command = header.get("command")
     last_eval = {k: v for k, v in (evals[-1] if evals else {}).items() if k not in ("kind", "step", "epoch")}
     eval_values = {k: f for k, v in last_eval.items() if (f := _number(v)) is not None}
@@ -245,17 +161,26 @@ def run_state(run_dir: Path) -> RunState:
         recipe=header.get("recipe") or ckpt.get("recipe"),
         status=status,
         step=step,
-        total_steps=total,
+        stop_step=length.stop_step if length is not None else None,
+        total_steps=length.total_steps if length is not None else None,
         epoch=ckpt.get("epoch") if isinstance(ckpt.get("epoch"), int) else None,
         epochs=epochs,
         loss=_loss(train[-1]) if train else None,
         eval=eval_values,
-        eval_metric=describing_metric([eval_values], last_summary or {}),
+        eval_metric=describing_metric([eval_values], summaries[-1] if summaries else {}),
         checkpoint_step=ckpt_step,
         updated=max([*mtimes, *([ckpt_mtime] if ckpt_mtime else [])], default=None),
         owner=owner,
         command=resume_command(command) if command and status in ("interrupted", "failed") else None,
     )
+
+
+def _steps_per_epoch(ckpt: dict[str, Any]) -> int | None:
+    """Steps per epoch from a checkpoint past its first epoch (step - step_in_epoch = epoch x steps per epoch)."""
+    step, epoch, in_epoch = ckpt.get("step"), ckpt.get("epoch"), ckpt.get("step_in_epoch")
+    if isinstance(step, int) and isinstance(epoch, int) and isinstance(in_epoch, int) and epoch > 0:
+        return (step - in_epoch) // epoch
+    return None
 
 
 def _eval_text(state: RunState) -> str:
@@ -282,7 +207,7 @@ def format_table(states: list[RunState], root: Path, now: float | None = None) -
     rows = []
     for s in states:
         name = os.path.relpath(s.run_dir, root)
-        step = "-" if s.step is None else f"{s.step}/{s.total_steps if s.total_steps is not None else '?'}"
+        step = "-" if s.step is None else f"{s.step}/{s.stop_step if s.stop_step is not None else '?'}"
         loss = "-" if s.loss is None else ("nan" if math.isnan(s.loss) else f"{s.loss:.4g}")
         status = s.status + (f" ({s.owner})" if s.owner else "")
         rows.append([name, s.recipe or "?", status, step, loss, _eval_text(s), _age(s.updated, now)])
@@ -299,7 +224,7 @@ def format_table(states: list[RunState], root: Path, now: float | None = None) -
 def main(argv: list[str]) -> int:
     """Run `trainlab runs`; returns the exit code."""
     config = parse(RunsConfig, argv, prog="trainlab runs", epilog=__doc__ or "")
-    states = [run_state(d) for d in find_run_dirs(config.directory)]
+    states = [run_state(d.path) for d in RunDir.find(config.directory)]
     if config.json:
         print(json.dumps([dataclasses.asdict(s) for s in states], indent=2))
     elif not states:

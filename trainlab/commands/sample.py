@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainlab.config import option, parse
 from trainlab.engine.device import DEVICE_HELP, resolve_device
+from trainlab.engine.host_allocator import host_allocator
 from trainlab.errors import UsageError, check_output_path, first_line
-from trainlab.host_memory import host_allocator
 
 if TYPE_CHECKING:  # imported where used: parsing the flags (and refusing bad ones) loads neither
     import numpy as np
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 MAX_GUIDANCE = 1000.0
 """The largest guidance scale sampling accepts: far past any useful value (papers use 1-10), and far below the
 scale where (1 + t) x cond - t x uncond overflows float32 logits (1e38 did)."""
+TOKENIZER_MODEL, VAR_MODEL = "vqvae", "var"  # the tokenizer and var recipes' model names in a run's checkpoint
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -102,18 +103,32 @@ class SampleConfig:
 _check_writable = check_output_path  # the one output-location check (trainlab.errors), also used by `trainlab edit`
 
 
+def load_var_pair(vae_path: Path, var_path: Path) -> tuple[Any, Any]:
+    """The VQVAE and VAR of --tokenizer-weights / --var-weights (see `trainlab.models.var.convert.load_official`); a
+    trainlab run's checkpoint is read as its model's weights (the averaged copy when the run kept one)."""
+    from trainlab.engine.checkpoint import weights_in_checkpoint
+    from trainlab.models.var.convert import load_official
+
+    return load_official(
+        vae_path,
+        var_path,
+        unwrap_vae=weights_in_checkpoint(TOKENIZER_MODEL),
+        unwrap_var=weights_in_checkpoint(VAR_MODEL),
+    )
+
+
 def _trained_tokenizer_sha256(var_path: Path) -> str | None:
     """The tokenizer SHA-256 a trainlab VAR run checkpoint records (`recipe_state.tokenizer_sha256`), else None
     (official weights and exports record none)."""
+    from trainlab.engine.checkpoint import is_trainlab_checkpoint, recipe_state
     from trainlab.user_files import load_user_file
 
     if var_path.suffix not in (".pt", ".pth"):
         return None
     obj = load_user_file(var_path, "VAR checkpoint", fix="pass a complete weights file")  # memory-mapped: cheap
-    if not isinstance(obj, dict) or obj.get("format") != "trainlab-checkpoint":
+    if not is_trainlab_checkpoint(obj):
         return None
-    recipe_state = obj.get("recipe_state")
-    sha = recipe_state.get("tokenizer_sha256") if isinstance(recipe_state, dict) else None
+    sha = recipe_state(obj).get("tokenizer_sha256")
     return sha if isinstance(sha, str) and sha else None
 
 
@@ -282,11 +297,10 @@ def main(argv: list[str]) -> int:
     import torch
     from tqdm import tqdm
 
-    from trainlab.models.var.convert import load_official
     from trainlab.models.var.sample import generate
 
     timer.lap("startup")
-    vqvae, var = load_official(config.tokenizer_weights, config.var_weights)
+    vqvae, var = load_var_pair(config.tokenizer_weights, config.var_weights)
     check_tokenizer_matches(config.var_weights, config.tokenizer_weights, vqvae)
     if config.fast_decode:
         vqvae.optimize_for_inference()

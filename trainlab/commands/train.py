@@ -15,17 +15,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainlab import launcher
 from trainlab.config import Auto, parse
+from trainlab.engine.host_allocator import REUSE_HEADROOM, reuses_freed_memory
 from trainlab.errors import UsageError
-from trainlab.host_memory import REUSE_HEADROOM, reuses_freed_memory
 from trainlab.recipes import get_recipe, list_recipes
 
 if TYPE_CHECKING:
     import torch
 
+    from trainlab.engine.loop import FitResult
     from trainlab.engine.recipe import Recipe, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ def free_memory(device: torch.device) -> tuple[int, str]:
     if reuses_freed_memory():
         return int(available * REUSE_HEADROOM), (
             f"{REUSE_HEADROOM:.0%} of the RAM available per psutil (a CPU run; the rest is left to the host "
-            "allocator's reuse heap, trainlab/host_memory.py)"
+            "allocator's reuse heap, trainlab/engine/host_allocator.py)"
         )
     return available, "RAM available on this machine per psutil (a CPU run)"
 
@@ -109,18 +111,39 @@ def main(argv: list[str]) -> int:
         print(f"recipes: {', '.join(list_recipes())}")
         print("`trainlab train RECIPE --help` lists every field of that recipe's config.")
         return 0 if argv else 2
-    recipe_cls = get_recipe(argv[0])
+    return train(argv[0], argv[1:], prog=f"trainlab train {argv[0]}")
+
+
+def train(
+    name: str,
+    argv: list[str],
+    *,
+    prog: str,
+    report: Callable[[Recipe[Any], FitResult], None] | None = None,
+    interrupted_code: int = 0,
+) -> int:
+    """Parse `argv` as recipe `name`'s config, then `--debug`'s check or a run; the one entry point of training
+    (`trainlab train NAME` and its aliases, e.g. `trainlab eval linear-probe`). Returns the exit code.
+
+    Args:
+        name: the recipe.
+        argv: its flags.
+        prog: the command as the user typed it (usage and error lines).
+        report: prints the result of a run that was not interrupted, on rank 0 (default: one line, `done: ...`).
+        interrupted_code: the exit code after a stop signal (the run saved; the same command resumes it).
+    """
+    recipe_cls = get_recipe(name)
     auto: dict[str, Auto[Any]] = {
         "grad_accumulation": Auto(AUTO_HELP, lambda cfg: resolve_auto_accumulation(recipe_cls, cfg))
     }
-    config = parse(recipe_cls.config_class, argv[1:], prog=f"trainlab train {argv[0]}", auto=auto)
+    config = parse(recipe_cls.config_class, argv, prog=prog, auto=auto)
     recipe = recipe_cls(config)
     if config.debug:
         from trainlab.engine.debug import run_debug_check
 
-        report = run_debug_check(recipe_cls, recipe, config.run_dir / "debug")
-        print(report.line())
-        return 0 if report.passed else 1
+        check = run_debug_check(recipe_cls, recipe, config.run_dir / "debug")
+        print(check.line())
+        return 0 if check.passed else 1
 
     from trainlab import dist
     from trainlab.engine.loop import Trainer
@@ -140,16 +163,22 @@ def main(argv: list[str]) -> int:
         raise
     finally:
         dist.cleanup()
-    if is_main:
-        summary = ", ".join(f"{k}={v:.4g}" for k, v in result.last_eval.items())
-        where = config.run_dir
-        if result.status == "interrupted":
-            print(
-                f"interrupted at step {result.step}; saved {where}/ckpt/last.pt; run the same command again to resume",
-                file=sys.stderr,
-            )
-        else:
-            print(
-                f"done: {result.step} steps, {result.epoch} epochs{'; ' + summary if summary else ''}; run dir {where}"
-            )
+    if not is_main:
+        return 0
+    if result.status == "interrupted":
+        print(
+            f"{prog}: interrupted at step {result.step}; saved {config.run_dir}/ckpt/last.pt; run the same command "
+            "again to resume",
+            file=sys.stderr,
+        )
+        return interrupted_code
+    (report or _report_done)(recipe, result)
     return 0
+
+
+def _report_done(recipe: Recipe[Any], result: FitResult) -> None:
+    summary = ", ".join(f"{k}={v:.4g}" for k, v in result.last_eval.items())
+    print(
+        f"done: {result.step} steps, {result.epoch} epochs{'; ' + summary if summary else ''}; run dir "
+        f"{recipe.config.run_dir}"
+    )

@@ -17,8 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torchvision.utils import make_grid
 
+from trainlab.engine.run_dir import RunDir
 from trainlab.report.plots import DPI
-from trainlab.report.runs import latest_rows, read_metrics
+from trainlab.report.runs import latest_rows
 
 _PAD = 2
 
@@ -88,7 +89,9 @@ def reconstruction_grid(
 
 def _curve(run_dir: Path, kind: str, key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of `key` in rows of `kind`; a resumed run's repeated steps keep the later row."""
-    rows = [r for r in latest_rows(read_metrics(run_dir), kind, "step") if isinstance(r.get(key), (int, float))]
+    rows = [
+        r for r in latest_rows(RunDir(run_dir).read_metrics(), kind, "step") if isinstance(r.get(key), (int, float))
+    ]
     return np.array([r["step"] for r in rows], dtype=float), np.array([float(r[key]) for r in rows])
 
 

@@ -1,4 +1,22 @@
-"""Atomic checkpoints: write a temp file, fsync, rename. `best` is a copy of `last`, not a second save.
+"""Training checkpoints: the one home of their format (what a checkpoint holds and where) and of their files.
+
+The format (`FORMAT`, `FORMAT_VERSION`): a dict of tensors, containers and primitives, written by the Trainer
+(`engine.resume.training_state`) and read back through this module's readers, never by spelling its keys elsewhere:
+
+    format, version        FORMAT, FORMAT_VERSION (1: the first; 2: adds `averaged`)
+    recipe, config         the recipe's name and the run's config (`to_dict`; read back with `stored_config`, which
+                           applies the renames of settings since, `trainlab.config.upgrade_keys`)
+    data                   {dataset_size, steps_per_epoch}
+    models                 {name: state_dict} of the trained models (`model_weights`)
+    averaged               {name: {follows, decay, weights}}: the averaged copies the engine keeps
+                           (`TrainParts.averaged`; `averaged_weights`); absent before version 2
+    optimizers, scalers, schedulers   {phase: state_dict}
+    step, epoch, step_in_epoch, best_score, best_step, eval_pending, last_eval, last_eval_epoch   `Progress`
+                           (top-level keys)
+    rng_per_rank           every rank's RNG state
+    recipe_state           `Recipe.state_dict()` (`recipe_state`)
+
+Atomic files: write a temp file, fsync, rename. `best` is a copy of `last`, not a second save.
 
 A crash mid-write leaves the previous `last.pt` intact: the rename is the commit point. Everything a user hands
 in is read with `torch.load(weights_only=True)`, so checkpoints hold only tensors, containers and primitives.
@@ -15,18 +33,124 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainlab.config import upgrade_keys
 from trainlab.errors import TrainingStopped, UsageError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT = "trainlab-checkpoint"
+FORMAT_VERSION = 2
+"""1: the first format; 2: adds `averaged` (a version-1 checkpoint holds no averaged weights)."""
+
+
+@dataclass
+class Progress:
+    """Where the run stands; saved in every checkpoint (each field a top-level key)."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    step_in_epoch: int = 0
+    best_score: float | None = None
+    best_step: int | None = None  # the step best.pt holds
+    eval_pending: bool = False  # saved at an epoch end before its evaluation ran
+    last_eval: dict[str, float] = field(default_factory=dict)  # the latest evaluation's metrics
+    last_eval_epoch: int | None = None  # epochs completed when it ran
+
+    def to_state(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Progress:
+        """The progress a checkpoint records (validated by `engine.resume.check_structure`; absent optional keys
+        take their defaults)."""
+        progress = cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
+        if progress.best_score is not None:
+            progress.best_score = float(progress.best_score)
+        progress.eval_pending = bool(progress.eval_pending)
+        progress.last_eval = {str(k): float(v) for k, v in dict(progress.last_eval).items()}
+        return progress
+
+
+def is_trainlab_checkpoint(obj: Any) -> bool:
+    """Whether `obj` (a loaded file) is a trainlab training checkpoint."""
+    return isinstance(obj, Mapping) and obj.get("format") == FORMAT
+
+
+def saved_position(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe and `Progress` fields a checkpoint records, as stored (unchecked: for status overviews)."""
+    return {key: state.get(key) for key in ("recipe", *(f.name for f in fields(Progress)))}
+
+
+def model_weights(state: Mapping[str, Any], name: str, *, where: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """The state_dict of the trained model `name` in a trainlab checkpoint.
+
+    Raises:
+        UsageError: the checkpoint holds no model of that name (the message lists the ones it holds).
+    """
+    models = state.get("models")
+    weights = models.get(name) if isinstance(models, Mapping) else None
+    if not isinstance(weights, Mapping):
+        held = ", ".join(sorted(map(str, models))) if isinstance(models, Mapping) else "none"
+        raise UsageError(
+            f"{where} is a trainlab checkpoint of recipe {state.get('recipe')!r} holding no model {name!r} "
+            f"(models: {held}); pass a checkpoint of a run that trained one"
+        )
+    return dict(weights)
+
+
+def averaged_weights(state: Mapping[str, Any], follows: str) -> tuple[str, dict[str, torch.Tensor]] | None:
+    """The name and state_dict of the averaged copy (`TrainParts.averaged`) that follows the trained model
+    `follows` in a trainlab checkpoint; None when the run kept none."""
+    averaged = state.get("averaged")
+    if not isinstance(averaged, Mapping):
+        return None
+    for name, entry in averaged.items():
+        if isinstance(entry, Mapping) and entry.get("follows") == follows and isinstance(entry.get("weights"), Mapping):
+            return str(name), dict(entry["weights"])
+    return None
+
+
+def weights_in_checkpoint(model: str, *, averaged: bool = True) -> Callable[[Any, Path], Any]:
+    """For a model loader's `unwrap=`: a trainlab training checkpoint becomes the state_dict of its model `model`, or
+    of the averaged copy following it when the run kept one and `averaged` (what its evaluation and export used;
+    logged); any other loaded file passes unchanged (the loader reads official formats itself).
+
+    The function raises UsageError when a trainlab checkpoint holds no model `model`.
+    """
+
+    def unwrap(obj: Any, path: Path) -> Any:
+        if not is_trainlab_checkpoint(obj):
+            return obj
+        found = averaged_weights(obj, model) if averaged else None
+        if found is not None:
+            log.info("%s: reading the averaged weights %r of its model %r", path, found[0], model)
+            return found[1]
+        return model_weights(obj, model, where=f"checkpoint {path}")
+
+    return unwrap
+
+
+def recipe_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """What `Recipe.state_dict()` returned when the checkpoint was written ({} when it records none)."""
+    saved = state.get("recipe_state")
+    return dict(saved) if isinstance(saved, Mapping) else {}
+
+
+def stored_config(state: Mapping[str, Any], config_class: type, *, where: str = "checkpoint") -> dict[str, Any] | None:
+    """The config a checkpoint records, with the settings renamed since it was written moved to their current names
+    (`trainlab.config.upgrade_keys`, each with a warning); None when it records none."""
+    saved = state.get("config")
+    if not isinstance(saved, Mapping):
+        return None
+    return upgrade_keys(config_class, dict(saved), where)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -137,18 +261,28 @@ def atomic_copy(src: Path, dst: Path) -> None:
         raise
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint safely (`weights_only=True`); unreadable files give a one-line UsageError."""
+def load_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint safely (`weights_only=True`; `mmap`: tensors memory-mapped, for reading a few fields).
+
+    Raises:
+        UsageError: missing or unreadable file, not a trainlab checkpoint, or one written by a newer trainlab.
+    """
     if not path.is_file():
         raise UsageError(f"checkpoint {path} not found; pass an existing file (e.g. runs/<name>/ckpt/last.pt)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:
         first = (str(err).splitlines() or ["unreadable"])[0][:200]
         raise UsageError(f"checkpoint {path} could not be read ({first}); pass a trainlab checkpoint") from None
-    if not isinstance(state, dict) or state.get("format") != "trainlab-checkpoint":
+    if not is_trainlab_checkpoint(state):
         raise UsageError(f"{path} is not a trainlab training checkpoint (no 'format' marker); pass ckpt/last.pt")
-    return state
+    version = state.get("version")
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise UsageError(
+            f"checkpoint {path} has format version {version}, this trainlab reads up to {FORMAT_VERSION}; update "
+            "trainlab to resume it"
+        )
+    return dict(state)
 
 
 class NonFiniteWeightsError(TrainingStopped):
@@ -198,6 +332,10 @@ class CheckpointStore:
         """The kept saves, oldest first."""
         return sorted(self.directory.glob("step_*.pt"))
 
+    def candidates(self) -> list[Path]:
+        """The files a resume tries, in order: `last.pt`, then the kept saves newest first (those that exist)."""
+        return [path for path in [self.last, *reversed(self.history())] if path.is_file()]
+
     def exists(self) -> bool:
         """Whether there is anything to resume from."""
         return self.last.is_file() or bool(self.history())
@@ -242,11 +380,8 @@ class CheckpointStore:
         Raises:
             UsageError: nothing readable.
         """
-        candidates = [self.last, *reversed(self.history())]
         errors = []
-        for path in candidates:
-            if not path.is_file():
-                continue
+        for path in self.candidates():
             try:
                 state = load_checkpoint(path)
                 if check is not None:

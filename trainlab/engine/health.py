@@ -43,15 +43,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from trainlab.engine.health_limits import DEAD_FRACTION_WARN, UPDATE_RATIO_HIGH, UPDATE_RATIO_LOW
 from trainlab.engine.recipe import Phase, StepInfo
 
 log = logging.getLogger(__name__)
 
 RELU_FAMILY = (nn.ReLU, nn.ReLU6)
-DEAD_FRACTION_WARN = 0.5
-USUAL_UPDATE_RATIO = 1e-3  # per optimizer step: the usual size of ||W_after - W_before|| / ||W_before||
-UPDATE_RATIO_HIGH = 0.1
-UPDATE_RATIO_LOW = 1e-7
 RATIO_PERSISTS = 2
 GRAD_GROWTH_WARN = 1e3
 GRAD_HISTORY = 20

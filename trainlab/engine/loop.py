@@ -1,85 +1,91 @@
-"""The training loop every recipe runs on: set-up, epochs, evaluation and best/last checkpoints, logging.
+"""The training loop every recipe runs on: epochs, evaluation, best/last checkpoints, logging, stop signals.
 
-`Trainer(recipe).fit()` is the whole public API. Set-up: device and precision (both logged), the process group
-under torchrun (none in one process), then before anything is built the run-dir lock (rank 0) and the relaunch
-rules (`engine.resume`: overwrite / resume / recipe of the run dir, the checkpoint read and checked against the
-config), then `recipe.build` (models, frozen models, optimizers), `recipe.build_data`, the seeded resumable
-sampler, loss scalers and schedules, and the checkpoint checked against the data and loaded. The lock is held until
-`fit` returns. Errors that only some ranks see (rank 0 writes) are raised on every rank alike
-(`dist.raise_together`). One optimizer step is `engine.step.StepRunner.run`:
-`grad_accumulation` micro-steps per phase, then once unscale, clip, step, scaler update, the recipe's
-`after_optimizer_step`. At each epoch end: evaluation (rank 0), `ckpt/last.pt` and, when the recipe's best metric
-improved, `ckpt/best.pt`. SIGTERM / Ctrl-C finish the current step, save and return "interrupted".
+`Trainer(recipe).fit()` is the whole public API. When the Trainer is built: device and precision (both logged), the
+process group under torchrun (none in one process), then, before anything is built, the run-dir lock (rank 0) and
+the relaunch rules (`engine.resume`: overwrite / resume / recipe of the run dir, the checkpoint read and checked
+against the config), then everything a run needs (`engine.assemble`: models, averaged copies, data, schedules, the
+step runner) and the checkpoint loaded into it (`engine.resume.restore`). The lock is held until `fit` returns.
+Errors that only some ranks see (rank 0 writes) are raised on every rank alike (`dist.raise_together`).
+
+The loop: one optimizer step is `engine.step.StepRunner.run`; the run's length is `engine.run_length`'s. At each
+epoch end: `ckpt/last.pt`, evaluation (rank 0, every model in eval mode), `ckpt/last.pt` again and, when the
+recipe's best metric improved, `ckpt/best.pt`. SIGTERM / Ctrl-C finish the current step, save and return
+"interrupted"; `--max-steps` stops early with "max_steps".
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from trainlab import dist
 from trainlab.config import to_dict
-from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, load_checkpoint, non_finite_weights
-from trainlab.engine.compile import check_compile_toolchain, compile_for_training
-from trainlab.engine.data import StepBatchSampler, build_loader
+from trainlab.engine.assemble import Assembly, assemble
+from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, Progress, non_finite_weights
+from trainlab.engine.compile import check_compile_toolchain
 from trainlab.engine.device import resolve_device
 from trainlab.engine.health import HealthMonitor
-from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
-from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
+from trainlab.engine.host_allocator import host_allocator
+from trainlab.engine.metrics import MetricsLogger, RunProgress
+from trainlab.engine.peak_memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.precision import LossScaler, Precision, check_device_support
-from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts, apply_activation_checkpointing
-from trainlab.engine.resume import (
-    ENGINE_MAY_CHANGE,
-    RelaunchPlan,
-    check_config,
-    check_fits,
-    check_structure,
-    plan_relaunch,
-)
+from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.engine.resume import ENGINE_MAY_CHANGE, RelaunchPlan, carry_out, plan_relaunch, restore, training_state
+from trainlab.engine.run_dir import RunDir
+from trainlab.engine.run_length import RunLength, run_length
 from trainlab.engine.run_lock import RunDirLock
-from trainlab.engine.runinfo import prepare_run_dir, write_config
+from trainlab.engine.runinfo import write_config
+from trainlab.engine.sampler import StepBatchSampler, build_loader
 from trainlab.engine.schedule import Scheduler
-from trainlab.engine.seeding import rng_state, seed_everything, set_deterministic, set_rng_state
-from trainlab.engine.signals import graceful_stop
+from trainlab.engine.seeding import set_deterministic, set_rng_state
+from trainlab.engine.signals import StopFlag, graceful_stop
 from trainlab.engine.step import StepRunner
 from trainlab.errors import TrainingStopped, UsageError
-from trainlab.host_memory import host_allocator
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ENGINE_MAY_CHANGE", "FitResult", "Progress", "Trainer", "resolve_device"]
+__all__ = ["ENGINE_MAY_CHANGE", "FitResult", "FitStatus", "Progress", "Trainer", "resolve_device"]
 
-
-@dataclass
-class Progress:
-    """Where the run stands; saved in every checkpoint."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    step_in_epoch: int = 0
-    best_score: float | None = None
-    best_step: int | None = None  # the step best.pt holds
-    eval_pending: bool = False  # saved at an epoch end before its evaluation ran
+FitStatus = Literal["finished", "interrupted", "max_steps"]
+"""How a `fit` call ended: the run's end (all epochs), a stop signal (or `fit(stop_at_step=...)`'s stop), or
+`--max-steps`."""
 
 
 @dataclass
 class FitResult:
-    """What `Trainer.fit` returns: how it ended, where, and this call's per-step losses and last evaluation."""
+    """What `Trainer.fit` returns: how it ended, where, this call's per-step losses, and the run's latest evaluation.
 
-    status: str  # "finished" | "interrupted" | "max_steps"
+    Attributes:
+        status: how the call ended (`FitStatus`).
+        step, epoch: where the run stands.
+        losses: per optimizer step of this call (the first phase's loss), this process.
+        last_eval: the metrics of the run's latest evaluation (of this call, else the one its checkpoint recorded: a
+            finished run launched again reports its result); {} when the run has not evaluated yet.
+        last_eval_epoch: the epochs completed when `last_eval` was evaluated (None: no evaluation yet).
+    """
+
+    status: FitStatus
     step: int
     epoch: int
-    losses: list[float]  # per optimizer step (first phase's loss), this process, this call
+    losses: list[float]
     last_eval: dict[str, float]
+    last_eval_epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """How one `_run_epoch` call ended."""
+
+    status: FitStatus  # "finished": the epoch's steps ran out (the run goes on to the next epoch)
+    seconds: float | None  # the epoch's time when this call trained all of it, else None (not timed)
+    samples: int  # samples trained in this call
 
 
 class Trainer:
@@ -92,30 +98,41 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.precision = Precision.parse(cfg.precision)
         check_device_support(self.precision, self.device)
-        compiler = check_compile_toolchain(self.device) if cfg.compile else ""
+        self._compiler = check_compile_toolchain(self.device) if cfg.compile else ""
         if cfg.memory_snapshot and self.device.type != "cuda":
             raise UsageError("--memory-snapshot records the CUDA caching allocator and needs a CUDA device")
         dist.init(self.device.type, cfg.dist_timeout)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", dist.local_rank())
         self.is_main = dist.is_main()
+        self.world = dist.world_size()
         self.run_dir = Path(cfg.run_dir)
-        self.ckpt_dir = self.run_dir / "ckpt"
+        self.files = RunDir(self.run_dir)
+        self.ckpt_dir = self.files.ckpt
         self.write_outputs = write_outputs and self.is_main
         self.store = CheckpointStore(self.ckpt_dir, keep=cfg.keep_checkpoints)
+        self.progress = Progress()
         self._lock: RunDirLock | None = None
         self._claimed = False
+        self._stop_at_step: int | None = None
+        self._rss_at_start = 0
+        self._skipped_in_a_row = 0
+        self._resumed_rng: dict[str, Any] | None = None
+        self._bar = RunProgress(0, 0, cfg.batch_size, enabled=False, log_every=cfg.log_every)  # fit() opens its own
         try:
             # Before anything is built: the run directory is this process's, and the relaunch rules allow this run.
             dist.raise_together(self._claim_run_dir)
             self._plan: RelaunchPlan = dist.raise_together(self._plan_relaunch)
-            self._build(compiler)
+            self.run: Assembly = self._assemble()
+            if self._plan.kind == "resume":
+                dist.raise_together(self._restore)
         except BaseException:
             self._release_run_dir()
             raise
 
-    def _build(self, compiler: str) -> None:
-        recipe, cfg = self.recipe, self.config
+    # ----------------------------------------------------------------------------------------------- set-up
+    def _assemble(self) -> Assembly:
+        cfg = self.config
         if self.device.type == "cpu":
             log.info(host_allocator())
         log.info(
@@ -125,23 +142,30 @@ class Trainer:
             self.precision.autocast_dtype,
             self.precision.scaling,
         )
-
         set_deterministic(cfg.deterministic)
-        seed_everything(cfg.seed)
-        with self.precision.default_dtype():  # fp64: models initialised and data generated in float64
-            self.parts: TrainParts = recipe.build(self.device)
-            apply_activation_checkpointing(recipe, self.parts)
-            for name, model in self.parts.models.items():
-                self.precision.prepare_model(model, keep_batchnorm_fp32=cfg.keep_batchnorm_fp32)
-                self.parts.models[name] = model.to(self.device)
-            for name, model in self.parts.frozen.items():
-                self.parts.frozen[name] = model.to(self.device).eval().requires_grad_(False)
-            self.phases: list[Phase] = self.parts.phases
-            if not self.phases:
-                raise ValueError(f"recipe {recipe.name} built no optimizer phase")
-            self.train_dataset = recipe.build_data(self.parts, self.device)
+        run = assemble(
+            self.recipe,
+            device=self.device,
+            precision=self.precision,
+            length_of=self._build_data,
+            world=self.world,
+            compile_models=cfg.compile,
+            health_every=cfg.health_every,
+            warn=self.is_main,
+        )
+        if run.compiled:
+            log.info(
+                "compile: %s of %s for training steps (deterministic kernels; evaluation stays eager)",
+                self._compiler,
+                ", ".join(run.compiled),
+            )
+        return run
+
+    def _build_data(self, parts: TrainParts) -> RunLength:
+        """The training data, its seeded resumable sampler and loader; the run's length follows from them."""
+        cfg = self.config
+        self.train_dataset = self.recipe.build_data(parts, self.device)
         self.dataset_size = len(self.train_dataset)  # type: ignore[arg-type]
-        self.world = dist.world_size()
         self.sampler = StepBatchSampler(
             self.dataset_size,
             batch_size=cfg.batch_size,
@@ -157,54 +181,67 @@ class Trainer:
             seed=cfg.seed,
             pin_memory=self.device.type == "cuda",
         )
-        self.steps_per_epoch = self.sampler.steps_per_epoch
-        self.total_steps = self.steps_per_epoch * cfg.epochs  # the schedule's horizon; --max-steps only stops early
-        self.stop_step = min(self.total_steps, cfg.max_steps) if cfg.max_steps > 0 else self.total_steps
-        self.scalers = {
-            p.name: LossScaler(self.precision, self.device.type, cfg.static_loss_scale) for p in self.phases
-        }
-        self.schedulers = {p.name: Scheduler(p.optimizer, cfg.schedule, self.total_steps) for p in self.phases}
-        self.wrapped = self._wrap_ddp()
-        if cfg.compile:
-            trained = sorted({name for phase in self.phases for name in phase.modules})
-            for name in trained:
-                self.wrapped[name] = compile_for_training(self.wrapped[name])
-            log.info(
-                "compile: %s of %s for training steps (deterministic kernels; evaluation stays eager)",
-                compiler,
-                ", ".join(trained),
-            )
-        self.health = HealthMonitor(  # training health every --health-every steps (engine/health.py)
-            self.parts.models,
-            self.phases,
-            cfg.health_every,
-            self.device,
-            observe_activations=not cfg.compile,
-            warn=self.is_main,
-        )
-        self.runner = StepRunner(
-            recipe=recipe,
-            phases=self.phases,
-            models=self.parts.models,
-            wrapped=self.wrapped,
-            frozen=self.parts.frozen,
-            scalers=self.scalers,
-            schedulers=self.schedulers,
-            precision=self.precision,
-            device=self.device,
-            clip_grad_norm=cfg.clip_grad_norm,
-            health=self.health,
-        )
-        self.progress = Progress()
-        self._stop_at_step: int | None = None
-        self._rss_at_start = 0
-        self._skipped_in_a_row = 0
-        self._resumed_rng: dict[str, Any] | None = None
+        return run_length(self.sampler.steps_per_epoch, epochs=cfg.epochs, max_steps=cfg.max_steps)
+
+    def _restore(self) -> None:
         plan = self._plan
-        if plan.kind == "resume" and plan.state is not None and plan.path is not None:
-            state, path = plan.state, plan.path
-            dist.raise_together(lambda: self._load_state(state, path))
-            plan.state = None  # the models, optimizers and counters hold it now
+        assert plan.state is not None and plan.path is not None
+        restored = restore(plan.state, plan.path, self.recipe, self.run, dataset_size=self.dataset_size)
+        self.progress = restored.progress
+        # Set when fit() starts: what runs between the Trainer and fit (the demo trains its judge) must not consume
+        # the resumed run's random numbers.
+        self._resumed_rng = restored.rng
+        if self.write_outputs and plan.path.parent == self.ckpt_dir:
+            self.store.repair_best(plan.state, plan.path)
+        plan.state = None  # the models, optimizers and counters hold it now
+        log.info(
+            "resumed from %s at step %d (epoch %d, step %d in epoch)",
+            plan.path,
+            self.progress.step,
+            self.progress.epoch,
+            self.progress.step_in_epoch,
+        )
+
+    # The assembled run, by the names recipes, tests and tools read.
+    @property
+    def parts(self) -> TrainParts:
+        return self.run.parts
+
+    @property
+    def averaged(self) -> dict[str, nn.Module]:
+        return self.run.averaged
+
+    @property
+    def phases(self) -> list[Phase]:
+        return self.run.parts.phases
+
+    @property
+    def runner(self) -> StepRunner:
+        return self.run.runner
+
+    @property
+    def wrapped(self) -> dict[str, nn.Module]:
+        return self.run.wrapped
+
+    @property
+    def health(self) -> HealthMonitor | None:
+        return self.run.health
+
+    @property
+    def scalers(self) -> dict[str, LossScaler]:
+        return self.run.scalers
+
+    @property
+    def schedulers(self) -> dict[str, Scheduler]:
+        return self.run.schedulers
+
+    @property
+    def length(self) -> RunLength:
+        return self.run.length
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.run.length.steps_per_epoch
 
     # -------------------------------------------------------------------------------------------- run dir
     def _claim_run_dir(self) -> None:
@@ -212,7 +249,7 @@ class Trainer:
         self._claimed = True
         if not self.write_outputs:
             return
-        prepare_run_dir(self.run_dir)
+        self.files.prepare()
         self._lock = RunDirLock(self.run_dir)
         self._lock.acquire()
         self.store.clean_temp_files()
@@ -226,60 +263,20 @@ class Trainer:
     def _plan_relaunch(self) -> RelaunchPlan:
         return plan_relaunch(self.config, self.recipe.name, self.recipe.resume_may_change, self.store, self.run_dir)
 
-    # ----------------------------------------------------------------------------------------------- set-up
-    def _wrap_ddp(self) -> dict[str, nn.Module]:
-        trained = {name for phase in self.phases for name in phase.modules}
-        wrapped: dict[str, nn.Module] = {}
-        for name, model in self.parts.models.items():
-            if self.world > 1 and name in trained and any(p.requires_grad for p in model.parameters()):
-                device_ids = [self.device.index] if self.device.type == "cuda" else None
-                wrapped[name] = DistributedDataParallel(
-                    model,
-                    device_ids=device_ids,
-                    find_unused_parameters=self.config.ddp_find_unused_parameters,
-                    broadcast_buffers=False,
-                )
-            else:
-                wrapped[name] = model
-        return wrapped
-
     # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resume needs, to the bit (collective under DDP: every rank takes part)."""
-        per_rank_rng = dist.all_gather_object(rng_state())
-        return {
-            "format": "trainlab-checkpoint",
-            "version": 1,
-            "recipe": self.recipe.name,
-            "config": to_dict(self.config),
-            "data": {"dataset_size": self.dataset_size, "steps_per_epoch": self.steps_per_epoch},
-            "models": {n: m.state_dict() for n, m in self.parts.models.items()},
-            "optimizers": {p.name: p.optimizer.state_dict() for p in self.phases},
-            "scalers": {n: s.state_dict() for n, s in self.scalers.items()},
-            "schedulers": {n: s.state_dict() for n, s in self.schedulers.items()},
-            "step": self.progress.step,
-            "epoch": self.progress.epoch,
-            "step_in_epoch": self.progress.step_in_epoch,
-            "best_score": self.progress.best_score,
-            "best_step": self.progress.best_step,
-            "eval_pending": self.progress.eval_pending,
-            "rng_per_rank": per_rank_rng,
-            "recipe_state": self.recipe.state_dict(),
-        }
-
     def save(self, *, is_best: bool = False) -> None:
         """Write ckpt/last.pt (and best.pt); refuses weights or buffers with NaN / inf (except buffers declared inf by
         design), decided on every rank alike (BatchNorm statistics differ between ranks)."""
         if is_best:
             self.progress.best_step = self.progress.step
-        bad = non_finite_weights(self.parts.models)
+        bad = non_finite_weights({**self.parts.models, **self.averaged})
         if dist.any_rank(bool(bad), self.device):
             first = bad[0] if bad else "on another rank"
             raise NonFiniteWeightsError(
                 f"training diverged: at step {self.progress.step} {len(bad) or 'some'} weight / buffer tensor(s) hold "
                 f"NaN or inf (first: {first}); the last finite checkpoint is kept: lower the learning rate and resume"
             )
-        state = self.state_dict()
+        state = training_state(self.recipe, self.run, self.progress, self.dataset_size)
 
         def write() -> None:
             if self.write_outputs:
@@ -291,113 +288,25 @@ class Trainer:
         if self.write_outputs:
             log.info("saved %s (step %d%s)", self.store.last, self.progress.step, ", best" if is_best else "")
 
-    def load(self, path: Path) -> None:
-        """Resume from the checkpoint at `path` (its config must match this run's, see `trainlab.engine.resume`)."""
-        state = load_checkpoint(path)
-        if state.get("recipe") != self.recipe.name:
-            raise UsageError(f"checkpoint {path} is from recipe {state.get('recipe')!r}, not {self.recipe.name!r}")
-        check_structure(state, path)
-        changed = check_config(state.get("config"), self.config, path, self.recipe.resume_may_change)
-        if changed:
-            log.info("resuming with changed settings (applied): %s", "; ".join(changed))
-        self._load_state(state, path)
-
-    def _load_state(self, state: dict[str, Any], path: Path) -> None:
-        """Apply a checkpoint that passed the relaunch checks (recipe, structure, config) to the built run."""
-        check_fits(
-            state,
-            path,
-            dataset_size=self.dataset_size,
-            steps_per_epoch=self.steps_per_epoch,
-            total_steps=self.total_steps,
-            batch_size=self.config.batch_size,
-            phases=self.phases,
-        )
-        try:
-            for name, model in self.parts.models.items():
-                try:
-                    model.load_state_dict(state["models"][name])
-                except (KeyError, RuntimeError) as err:
-                    first = (str(err).splitlines() or [type(err).__name__])[0][:200]
-                    raise UsageError(
-                        f"checkpoint {path} does not fit model {name!r} ({first}); check --model"
-                    ) from None
-            for phase in self.phases:
-                # This run's peak learning rates: a resume may lower them (after a divergence); the schedule applies
-                # them from the checkpoint's step on.
-                peaks = [group["peak_lr"] for group in phase.optimizer.param_groups]
-                phase.optimizer.load_state_dict(state["optimizers"][phase.name])
-                for group, peak in zip(phase.optimizer.param_groups, peaks):
-                    group["peak_lr"] = peak
-                self.scalers[phase.name].load_state_dict(state["scalers"][phase.name])
-                self.schedulers[phase.name].load_state_dict(state["schedulers"][phase.name])
-            best = state.get("best_score")
-            self.progress = Progress(
-                step=state["step"],
-                epoch=state["epoch"],
-                step_in_epoch=state["step_in_epoch"],
-                best_score=None if best is None else float(best),
-                best_step=state.get("best_step"),
-                eval_pending=bool(state.get("eval_pending", False)),
-            )
-            rngs = state["rng_per_rank"]
-            # Restored when fit() starts: what runs between the Trainer and fit (the demo trains its judge) must not
-            # consume the resumed run's random numbers.
-            self._resumed_rng = rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0]
-            self.recipe.load_state_dict(state["recipe_state"])
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as err:
-            raise UsageError(
-                f"checkpoint {path} is incomplete or damaged ({type(err).__name__}: {str(err)[:120]}); resume from "
-                "another checkpoint (ckpt/step_*.pt) or start over with --overwrite"
-            ) from None
-        bad = non_finite_weights(self.parts.models)
-        if bad:
-            raise UsageError(
-                f"checkpoint {path} holds NaN or inf in {len(bad)} weight / buffer tensor(s) (first: {bad[0]}); resume "
-                "from an earlier checkpoint (ckpt/step_*.pt) or start over with --overwrite"
-            )
-        if self.write_outputs and path.parent == self.ckpt_dir:
-            self.store.repair_best(state, path)
-        log.info("resumed from %s at step %d (epoch %d, step %d in epoch)", path, *self._position())
-
-    def _position(self) -> tuple[int, int, int]:
-        return self.progress.step, self.progress.epoch, self.progress.step_in_epoch
-
-    def _start(self) -> None:
-        """Carry out the relaunch plan's deletions, decided before anything was built (`trainlab.engine.resume`)."""
-        plan = self._plan
-        if self.write_outputs and plan.kind == "overwrite":
-            if self.store.exists() or (self.run_dir / "metrics.jsonl").exists():
-                log.warning("--overwrite: deleting the checkpoints and logs in %s and starting over", self.run_dir)
-                self._clear_outputs()
-        elif self.write_outputs and plan.kind == "fresh" and plan.replace_logs:
-            log.info(
-                "no checkpoint in %s: starting fresh (replacing the logs of an attempt that saved none)", self.run_dir
-            )
-            self._clear_outputs()
-        self._plan = RelaunchPlan("fresh")  # done: a second fit() of this Trainer continues, it deletes nothing
-
-    def _clear_outputs(self) -> None:
-        self.store.clear()
-        (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        (self.run_dir / WANDB_RUN_ID_FILE).unlink(missing_ok=True)
-        shutil.rmtree(self.run_dir / "tb", ignore_errors=True)
-
     def step_info(self) -> StepInfo:
         """The `StepInfo` of the next optimizer step."""
         step = self.progress.step
         return StepInfo(
             step=step,
-            total_steps=self.total_steps,
-            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.length.total_steps,
+            steps_per_epoch=self.length.steps_per_epoch,
             epoch=self.progress.epoch,
-            log_now=self._logs_step(step + 1) or step + 1 == self.stop_step,
+            log_now=self._logs_step(step + 1) or step + 1 == self.length.stop_step,
             num_micro_steps=self.config.grad_accumulation,
         )
 
     def _logs_step(self, step: int) -> bool:
         """Whether metrics are logged after `step` optimizer steps."""
         return step % self.config.log_every == 0 or step == 1
+
+    def _hit_max_steps(self) -> bool:
+        """Whether --max-steps (not the end of the epochs) stops the run at the current step."""
+        return self.config.max_steps > 0 and self.progress.step >= self.config.max_steps
 
     # ------------------------------------------------------------------------------------------------ fit
     def fit(self, stop_at_step: int | None = None) -> FitResult:
@@ -416,9 +325,10 @@ class Trainer:
     def _open_outputs(self) -> MetricsLogger:
         """Rank 0: the plan's deletions, config.yaml (the recipe's record in the run dir), then the metric sinks."""
         cfg = self.config
-        self._start()
         if self.write_outputs:
+            carry_out(self._plan, self.store, self.files)
             write_config(self.run_dir, self.recipe.name, to_dict(cfg))
+        self._plan = RelaunchPlan("fresh")  # done: a second fit() of this Trainer continues, it deletes nothing
         return MetricsLogger(
             self.run_dir if self.write_outputs else None,
             tensorboard=cfg.tensorboard,
@@ -430,21 +340,19 @@ class Trainer:
         )
 
     def _fit(self, stop_at_step: int | None) -> FitResult:
-        cfg = self.config
+        cfg, length = self.config, self.length
         self._stop_at_step = stop_at_step
         logger = dist.raise_together(self._open_outputs)
         dist.barrier()
         if self._resumed_rng is not None:
             set_rng_state(self._resumed_rng)
             self._resumed_rng = None
+        start = {"steps_per_epoch": length.steps_per_epoch, "total_steps": length.total_steps}
         logger.log(
-            "event",
-            self.progress.step,
-            self.progress.epoch,
-            {"event": "start", "total_steps": self.total_steps, "stop_step": self.stop_step},
+            "event", self.progress.step, self.progress.epoch, {"event": "start", **start, "stop_step": length.stop_step}
         )
         self._bar = RunProgress(
-            self.stop_step,
+            length.stop_step,
             self.progress.step,
             cfg.batch_size,
             enabled=cfg.progress and self.is_main,
@@ -453,50 +361,54 @@ class Trainer:
         if cfg.memory_snapshot:
             torch.cuda.memory._record_memory_history(max_entries=200_000)
         losses: list[float] = []
-        last_eval: dict[str, float] = {}
+        evaluated: dict[str, float] = {}  # this call's latest evaluation
         epoch_seconds: list[float] = []
         samples_seen = 0
-        status = "finished"
+        status: FitStatus = "finished"
         reset_peak(self.device)
         self._rss_at_start = current_rss_bytes()
         try:
             with graceful_stop() as stop:
                 if self.progress.eval_pending:  # stopped at an epoch end before its evaluation: run it now
-                    last_eval = self._evaluate_epoch(logger)
+                    evaluated = self._evaluate_epoch(logger)
                 while self.progress.epoch < cfg.epochs and status == "finished":
-                    if cfg.max_steps > 0 and self.progress.step >= cfg.max_steps:  # resumed a run that reached it
+                    if self._hit_max_steps():  # resumed a run that reached it
                         log.info("already at --max-steps %d: nothing left to train", cfg.max_steps)
                         status = "max_steps"
                         break
-                    status, epoch_time, samples = self._run_epoch(logger, stop, losses)
-                    if epoch_time is not None:
-                        epoch_seconds.append(epoch_time)
-                        samples_seen += samples
+                    epoch = self._run_epoch(logger, stop, losses)
+                    status = epoch.status
+                    if epoch.seconds is not None:
+                        epoch_seconds.append(epoch.seconds)
+                        samples_seen += epoch.samples
                     if self.progress.step_in_epoch == 0:  # an epoch just completed
-                        last_eval = self._end_of_epoch(logger, stop) or last_eval
-            if status != "interrupted" and self._reached_end():
+                        evaluated = self._end_of_epoch(logger, stop) or evaluated
+            if status != "interrupted" and length.reached_end(self.progress.step):
                 dist.raise_together(self._on_fit_end)  # rank 0 exports; a full disk stops every rank alike
             logger.log(
                 "summary",
                 self.progress.step,
                 self.progress.epoch,
-                self._summary(epoch_seconds, samples_seen, last_eval),
+                self._summary(epoch_seconds, samples_seen, evaluated),
             )
         finally:  # on an exception nothing is saved: the last good checkpoint stays as it was
             self._bar.close()
             logger.close()
-        return FitResult(status, self.progress.step, self.progress.epoch, losses, last_eval)
+        return FitResult(
+            status,
+            self.progress.step,
+            self.progress.epoch,
+            losses,
+            dict(self.progress.last_eval),
+            self.progress.last_eval_epoch,
+        )
 
     def _on_fit_end(self) -> None:
         if self.is_main:
-            self.recipe.on_fit_end({**self.parts.models, **self.parts.frozen})
+            self.recipe.on_fit_end(self.run.all_models())
 
-    def _reached_end(self) -> bool:
-        """All epochs done, or --max-steps reached (a `fit(stop_at_step=...)` stop is not an end)."""
-        cfg = self.config
-        return self.progress.epoch >= cfg.epochs or (cfg.max_steps > 0 and self.progress.step >= cfg.max_steps)
-
-    def _run_epoch(self, logger: MetricsLogger, stop: Any, losses: list[float]) -> tuple[str, float | None, int]:
+    def _run_epoch(self, logger: MetricsLogger, stop: StopFlag, losses: list[float]) -> EpochResult:
+        """Train from the current step to the epoch's end, a stop signal, --max-steps or `fit`'s `stop_at_step`."""
         cfg = self.config
         epoch = self.progress.epoch
         start = self.progress.step_in_epoch
@@ -505,12 +417,12 @@ class Trainer:
         if callable(set_epoch):
             set_epoch(epoch)
         for model in self.parts.models.values():
-            model.train()  # frozen models stay in eval mode
+            model.train()  # frozen and averaged models stay in eval mode
         iterator = iter(self.loader)
         synchronize(self.device)
         t0 = time.perf_counter()
         steps_done = 0
-        status = "finished"
+        status: FitStatus = "finished"
         first_loss_key = "loss" if len(self.phases) == 1 else f"{self.phases[0].name}/loss"
         try:
             while self.progress.step_in_epoch < self.steps_per_epoch:
@@ -535,11 +447,11 @@ class Trainer:
                 self._bar.update(self.progress.step, metrics)
                 if self.progress.step == 3 and cfg.memory_snapshot:
                     self._dump_memory_snapshot()
-                if self._logs_step(self.progress.step) or self.progress.step == self.stop_step:
+                if self._logs_step(self.progress.step) or self.progress.step == self.length.stop_step:
                     averaged = dist.all_reduce_mean(metrics, self.device)
                     logger.log("train", self.progress.step, epoch, averaged)
                 stop_now = dist.any_rank(stop.requested, self.device)
-                reached_max = (cfg.max_steps > 0 and self.progress.step >= cfg.max_steps) or (
+                reached_max = self._hit_max_steps() or (
                     self._stop_at_step is not None and self.progress.step >= self._stop_at_step
                 )
                 if stop_now or reached_max:
@@ -562,11 +474,13 @@ class Trainer:
         if self.progress.step_in_epoch == self.steps_per_epoch:
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
-        return status, (elapsed if full_epoch else None), steps_done * cfg.batch_size
+        return EpochResult(status, elapsed if full_epoch else None, steps_done * cfg.batch_size)
 
     def _log_health(self, logger: MetricsLogger, info: StepInfo) -> None:
         """The health metrics of an observed step (every --health-every steps), averaged over ranks, and the
         warnings they call for (engine/health.py)."""
+        if self.health is None:
+            return
         health = self.health.pop_metrics(info)
         if health:
             health = dist.all_reduce_mean(health, self.device)
@@ -585,7 +499,7 @@ class Trainer:
                 "checkpoint is kept: lower the learning rate, or raise --max-skipped-steps, and resume"
             )
 
-    def _end_of_epoch(self, logger: MetricsLogger, stop: Any) -> dict[str, float]:
+    def _end_of_epoch(self, logger: MetricsLogger, stop: StopFlag) -> dict[str, float]:
         """Save first (a preemption during a long evaluation loses nothing), then evaluate and save again."""
         cfg = self.config
         epoch = self.progress.epoch  # epochs completed
@@ -608,7 +522,7 @@ class Trainer:
             for model in self.parts.models.values():
                 model.eval()
             with torch.no_grad(), self.precision.autocast(self.device.type):
-                return self.recipe.evaluate({**self.parts.models, **self.parts.frozen}, self.device, epoch)
+                return self.recipe.evaluate(self.run.all_models(), self.device, epoch)
 
         metrics = dist.raise_together(evaluate)  # an evaluation error on rank 0 stops every rank alike
         metrics = dist.broadcast_object(metrics)  # type: ignore[assignment]
@@ -625,6 +539,9 @@ class Trainer:
                 self.progress.best_score = score
                 is_best = True
         self.progress.eval_pending = False
+        if metrics:
+            self.progress.last_eval = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+            self.progress.last_eval_epoch = epoch
         self.save(is_best=is_best)
         return metrics
 
@@ -652,6 +569,10 @@ class Trainer:
             torch.cuda.memory._dump_snapshot(str(path))
             log.info("CUDA memory snapshot of the first 3 steps written to %s (open at pytorch.org/memory_viz)", path)
         torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _overflows_weight_dtype(err: RuntimeError) -> bool:

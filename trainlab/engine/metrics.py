@@ -24,12 +24,11 @@ from urllib.parse import urlparse
 
 from tqdm import tqdm
 
+from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
 progress_log = logging.getLogger("trainlab.progress")
-
-WANDB_RUN_ID_FILE = "wandb_run_id"
 
 Kind = Literal["train", "eval", "summary", "event", "health"]  # health: trainlab.engine.health, every N steps
 
@@ -75,7 +74,7 @@ def _new_wandb_id() -> str:
 def _wandb_run_id(run_dir: Path, new_id: Callable[[], str]) -> str:
     """The W&B run id of this run directory: the stored one (a resumed run continues its W&B run), else a new one,
     stored atomically before the run starts."""
-    path = run_dir / WANDB_RUN_ID_FILE
+    path = RunDir(run_dir).wandb_run_id
     if path.is_file():
         stored = path.read_text(encoding="utf-8").strip()
         if stored:
@@ -122,11 +121,12 @@ class MetricsLogger:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         check_wandb_login(wandb_mode)
-        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - closed in close()
+        files = RunDir(run_dir)
+        self._jsonl = open(files.metrics, "a", buffering=1)  # noqa: SIM115 - closed in close()
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+            self._tb = SummaryWriter(log_dir=str(files.tb))
         if wandb_mode != "off":
             try:
                 import wandb
@@ -219,7 +219,7 @@ class RunProgress:
     (a resumed run counts from its resume point). `log_eval` logs every evaluation result in both cases.
 
     Args:
-        total_steps: optimizer steps of the whole run.
+        total_steps: the optimizer step the run stops at (`RunLength.stop_step`: the end, or --max-steps).
         start_step: steps already done (a resumed run); the bar and the ETA start there.
         batch_size: images per optimizer step (global batch), for images/s.
         enabled: False shows no bar and no step lines (`--progress false`); evaluation lines are still logged.

@@ -3,8 +3,9 @@
 A recipe is a typed config (a subclass of `TrainConfig`) plus a `Recipe[Config]` subclass. The engine owns everything
 else: devices, precision, accumulation, DDP, clipping, schedules, checkpoints, logging. In the order the engine calls:
 
-    build(device)            -> TrainParts: trained models, frozen models, one `Phase` (optimizer) per trained group;
-                                touches no data, so a planner can build the models and trace a step on fake tensors
+    build(device)            -> TrainParts: trained models, one `Phase` (optimizer) per trained group, frozen models,
+                                averaged copies to keep (`WeightAverage`); touches no data, so a planner can build the
+                                models and trace a step on fake tensors
     build_data(parts, device) -> the training `Dataset` of `Batch`es (may use the frozen models, e.g. a token cache)
     per optimizer step, per active phase, per micro-batch:
         train_step(models, batch, phase, info) -> {"loss": scalar tensor, **metrics}
@@ -18,14 +19,26 @@ else: devices, precision, accumulation, DDP, clipping, schedules, checkpoints, l
 Multi-optimizer recipes (a GAN's generator and discriminator) declare several `Phase`s. Each optimizer step runs
 the phases in order over the same micro-batches; during a phase only that phase's parameters require gradients,
 and only that phase's modules are DDP-wrapped (and compiled, with --compile) in the mapping handed to `train_step`;
-`unwrap_model` reaches the model under those wrappers. Frozen models (a tokenizer, a
-perceptual network, a judge) are in that mapping too: on the device, in eval mode, without gradients, in no
-optimizer and in no checkpoint, and never cast by the precision mode (the recipe picks their dtype).
+`unwrap_model` reaches the model under those wrappers. Every model a recipe uses is in exactly one slot:
+
+    models    trained: in a phase's optimizer, cast by the precision mode, DDP-wrapped, checkpointed
+    frozen    used, never updated (a tokenizer, a perceptual network, a judge): on the device, eval mode, no
+              gradients, in no optimizer and no checkpoint, never cast (the recipe picks their dtype); `--debug`
+              fails if their weights change during training
+    averaged  updated, never trained (an EMA of a trained model's weights: `engine.ema`): the engine makes the copy,
+              updates it once per optimizer step of the phase that trains its model, keeps it in eval mode, never
+              casts or wraps it, and checkpoints it
+
+All three are in the mapping handed to `train_step`, `after_optimizer_step`, `evaluate` and `on_fit_end`, by name.
+State that is neither weights nor optimizer state (counters, EMA codebook statistics, generators) goes in
+`Recipe.state_dict`: it is checkpointed too, and `--debug` compares it across the resume.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,8 +51,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from trainlab.config import FLOAT32_MAX, check_ranges, option
+from trainlab.engine.ema import WeightAverage
 from trainlab.engine.precision_names import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
+from trainlab.errors import UsageError
 from trainlab.models.grad_checkpoint import set_grad_checkpointing
 from trainlab.optim.config import OptimConfig
 
@@ -56,7 +71,9 @@ class StepInfo:
 
     Attributes:
         step: index of this optimizer step (0-based: optimizer steps completed before it).
-        total_steps: optimizer steps of the whole run (epochs x steps_per_epoch, capped by --max-steps).
+        total_steps: the schedule's horizon, epochs x steps_per_epoch (`engine.run_length`): --max-steps only stops
+            the run early, it does not shorten this (a run stopped by it and resumed without it continues the same
+            curve).
         steps_per_epoch: optimizer steps in one epoch.
         epoch: index of the current epoch (0-based).
         log_now: whether the engine logs this step's metrics (compute expensive metrics only then).
@@ -148,7 +165,6 @@ class TrainConfig:
         the range declared on its field (again, for configs built in Python rather than by `from_dict`), then the
         rules across fields and the environment."""
         from trainlab.engine.metrics import check_wandb_login
-        from trainlab.errors import UsageError
 
         check_ranges(self)
         check_wandb_login(self.wandb)
@@ -163,8 +179,6 @@ class TrainConfig:
         weights' dtype: above float32's largest (fp16's, 65504, with fp16 weights) they cannot be applied at all and
         the first step failed with an overflow traceback. Every learning rate and weight decay is checked, in nested
         groups too (`--optim.learning-rate`, `--discriminator-optim.weight-decay`)."""
-        from trainlab.errors import UsageError
-
         fp16 = self.precision in ("fp16", "fp16-scale")
         limit, kind = (FP16_MAX, "fp16") if fp16 else (FLOAT32_MAX, "float32")
         ratio = max(1.0, self.schedule.warmup_start_ratio, self.schedule.final_ratio)
@@ -222,15 +236,19 @@ class TrainParts:
     Attributes:
         models: trained models (fp32 on `device`; the engine applies the precision mode, DDP and checkpoints them).
         phases: one optimizer each, naming the entries of `models` it trains.
-        frozen: models used but never trained (moved to the device, eval mode, no gradients, not checkpointed).
+        frozen: models used but never updated (moved to the device, eval mode, no gradients, not checkpointed).
+        averaged: averaged copies the engine keeps of trained models, by the copy's name (`engine.ema`; e.g.
+            {"var_ema": WeightAverage(follows="var", decay=0.9999)}). Names are unique across the three slots.
     """
 
     models: dict[str, nn.Module]
     phases: list[Phase]
     frozen: dict[str, nn.Module] = field(default_factory=dict)
+    averaged: dict[str, WeightAverage] = field(default_factory=dict)
 
 
 ConfigT = TypeVar("ConfigT", bound=TrainConfig)
+_METHOD_KINDS = (types.FunctionType, property, staticmethod, classmethod, functools.cached_property)
 
 
 def unwrap_model(module: nn.Module) -> nn.Module:
@@ -255,8 +273,6 @@ def apply_activation_checkpointing(recipe: Recipe[Any], parts: TrainParts) -> li
     Raises:
         UsageError: the flag is on and none of the recipe's trained models supports it.
     """
-    from trainlab.errors import UsageError
-
     enabled = recipe.config.activation_checkpointing
     supported = [name for name, model in parts.models.items() if set_grad_checkpointing(model, enabled)]
     if enabled and not supported:
@@ -269,7 +285,10 @@ def apply_activation_checkpointing(recipe: Recipe[Any], parts: TrainParts) -> li
 
 class Recipe(ABC, Generic[ConfigT]):
     """Base class: subclasses set `name`, `config_class`, and implement `build`, `build_data`, `train_step`,
-    `example_batch` and `debug_config`. `self.config` is the recipe's own typed config."""
+    `example_batch` and `debug_config`. `self.config` is the recipe's own typed config.
+
+    A subclass may set only the class attributes declared here (a misspelt or dead one fails at import).
+    """
 
     name: str = ""
     config_class: type[TrainConfig] = TrainConfig
@@ -277,6 +296,23 @@ class Recipe(ABC, Generic[ConfigT]):
     best_mode: Literal["max", "min"] = "max"
     resume_may_change: tuple[str, ...] = ()  # config fields (`data.root`: dotted) a resume may change; all others
     # must equal the checkpoint's (a resume that would silently compute something else is refused, naming the field)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse public class attributes the engine does not read (a typo such as `best_metrc`, or a dead setting):
+        what a recipe declares must change what the engine does."""
+        super().__init_subclass__(**kwargs)
+        known = set(Recipe.__annotations__) | set(vars(Recipe))
+        unknown = sorted(
+            name
+            for name, value in vars(cls).items()
+            if not name.startswith("_") and name not in known and not isinstance(value, _METHOD_KINDS)
+        )
+        if unknown:
+            raise TypeError(
+                f"recipe class {cls.__name__} sets {', '.join(unknown)}, which the engine does not read; the class "
+                f"attributes a recipe may set are {', '.join(sorted(Recipe.__annotations__))} (its own state belongs "
+                "in __init__)"
+            )
 
     def __init__(self, config: ConfigT) -> None:
         if not isinstance(config, self.config_class):
@@ -317,7 +353,8 @@ class Recipe(ABC, Generic[ConfigT]):
 
     @abstractmethod
     def debug_config(self) -> ConfigT:
-        """A tiny variant of `self.config` that trains in seconds on a CPU (used by --debug and tests)."""
+        """A tiny variant of `self.config` that trains in seconds on a CPU: smaller model and data only (--debug and
+        the golden runs apply the engine's debug settings on top: `engine.debug.debug_run_config`)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Recipe state beyond models/optimizers that must survive a resume (e.g. counters)."""

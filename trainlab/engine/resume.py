@@ -1,4 +1,5 @@
-"""Relaunch and resume rules: what a run directory may be reused for, and what a resume may change.
+"""Relaunch and resume: what a run directory may be reused for, what a resume may change, and the Trainer's state
+written into a checkpoint (`training_state`) and read back (`restore`).
 
 Decided before anything is built (`plan_relaunch`), after the run-dir lock is taken:
 
@@ -13,10 +14,14 @@ Decided before anything is built (`plan_relaunch`), after the run-dir lock is ta
   records no config (none of the fields every trainlab checkpoint records) cannot be checked and is refused. A
   field the checkpoint does not record (written by an older trainlab) must be at its default.
 
+The config a checkpoint records is read under today's setting names first (`trainlab.config.upgrade_keys`: a
+setting renamed since keeps its old spelling for one release), so a checkpoint written before a rename still resumes
+and is still checked field by field.
+
 Checked once the data and models exist (`check_fits`): the dataset size and steps per epoch (another dataset would
 silently change the schedule's length), the progress counters against them, and every optimizer state tensor
 against its parameter's shape. `check_structure` validates a checkpoint's layout and types first, so that a damaged
-file is one line naming it, never a traceback from deep inside a load.
+file is one line naming it, never a traceback from deep inside a load. The layout itself is `engine.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -30,12 +35,21 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from trainlab.config import to_dict
-from trainlab.engine.checkpoint import CheckpointStore, load_checkpoint
-from trainlab.engine.recipe import Phase, TrainConfig
-from trainlab.engine.runinfo import recorded_recipe
+from trainlab import dist
+from trainlab.config import to_dict, upgrade_keys
+from trainlab.engine.assemble import Assembly
+from trainlab.engine.checkpoint import (
+    FORMAT,
+    FORMAT_VERSION,
+    CheckpointStore,
+    Progress,
+    load_checkpoint,
+    non_finite_weights,
+)
+from trainlab.engine.recipe import Phase, Recipe, TrainConfig
+from trainlab.engine.run_dir import RunDir
 from trainlab.engine.seeding import rng_state, set_rng_state
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +124,8 @@ def check_config(saved: Any, config: TrainConfig, path: Path, recipe_fields: Ite
         UsageError: the checkpoint records no config, or a field that must match differs (named with its flag).
     """
     missing = [k for k in ALWAYS_RECORDED if k not in saved] if isinstance(saved, Mapping) else list(ALWAYS_RECORDED)
+    if not missing:  # settings renamed since the checkpoint was written: under their current names
+        saved = upgrade_keys(type(config), dict(saved), f"checkpoint {path}")
     if missing:
         raise UsageError(
             f"checkpoint {path} records no config (no {', '.join(missing)}), so this run cannot be checked against the "
@@ -178,6 +194,13 @@ def check_structure(state: Mapping[str, Any], path: Path) -> None:
         raise _damaged(path, f"'best_step' is {state['best_step']!r}, not a step")
     if not isinstance(state.get("eval_pending", False), bool):
         raise _damaged(path, f"'eval_pending' is {state['eval_pending']!r}, not true or false")
+    if state.get("last_eval_epoch") is not None and not _is_int(state["last_eval_epoch"]):
+        raise _damaged(path, f"'last_eval_epoch' is {state['last_eval_epoch']!r}, not an epoch")
+    last_eval = state.get("last_eval", {})
+    if not isinstance(last_eval, Mapping) or not all(
+        isinstance(k, str) and _is_number(v) for k, v in last_eval.items()
+    ):
+        raise _damaged(path, f"'last_eval' is {last_eval!r:.60}, not metric names -> numbers")
     for key in ("models", "optimizers", "scalers", "schedulers"):
         for name, entry in _mapping(state, key, path).items():
             if not isinstance(entry, Mapping):
@@ -186,6 +209,15 @@ def check_structure(state: Mapping[str, Any], path: Path) -> None:
         bad = [k for k, v in weights.items() if not isinstance(v, torch.Tensor)]
         if bad:
             raise _damaged(path, f"models[{name!r}][{bad[0]!r}] is not a tensor")
+    for name, entry in (_mapping(state, "averaged", path) if "averaged" in state else {}).items():
+        weights = entry.get("weights") if isinstance(entry, Mapping) else None
+        if not (
+            isinstance(weights, Mapping) and isinstance(entry.get("follows"), str) and _is_number(entry.get("decay"))
+        ):
+            raise _damaged(path, f"averaged[{name!r}] has no 'follows' name, 'decay' number and 'weights' mapping")
+        bad = [k for k, v in weights.items() if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise _damaged(path, f"averaged[{name!r}]['weights'][{bad[0]!r}] is not a tensor")
     for name, opt in state["optimizers"].items():
         if not isinstance(opt.get("state"), Mapping) or not isinstance(opt.get("param_groups"), list):
             raise _damaged(path, f"optimizers[{name!r}] has no 'state' mapping and 'param_groups' list")
@@ -338,7 +370,7 @@ def plan_relaunch(
         usable(state, path)
         return _resumable(state, path, config, fields)
     if not store.exists():
-        return RelaunchPlan("fresh", replace_logs=(run_dir / "metrics.jsonl").exists())
+        return RelaunchPlan("fresh", replace_logs=RunDir(run_dir).metrics.exists())
     if resume == "never":
         raise UsageError(
             f"{run_dir} holds a checkpoint; continue it with --resume auto (the default), start over with "
@@ -364,14 +396,129 @@ def _check_recipe(state: Mapping[str, Any], path: Path, recipe_name: str) -> Non
 
 def _check_run_dir_recipe(run_dir: Path, recipe_name: str) -> None:
     """A run directory is one recipe's: its config.yaml names it (logs without one are of an unknown recipe)."""
-    recorded = recorded_recipe(run_dir)
+    files = RunDir(run_dir)
+    recorded = files.recipe()
     if recorded is not None and recorded != recipe_name:
         raise UsageError(
             f"{run_dir} holds a {recorded!r} run (its config.yaml), not {recipe_name!r}; pass another --run-dir, or "
             "--overwrite to replace its checkpoints and logs"
         )
-    if recorded is None and (run_dir / "metrics.jsonl").exists():
+    if recorded is None and files.metrics.exists():
         raise UsageError(
             f"{run_dir} holds logs (metrics.jsonl) but no config.yaml naming their recipe; pass another --run-dir, "
             "or --overwrite to replace them"
         )
+
+
+# ---------------------------------------------------------------------------------------------- state in / out
+def training_state(recipe: Recipe[Any], run: Assembly, progress: Progress, dataset_size: int) -> dict[str, Any]:
+    """Everything a resume needs, to the bit, in `engine.checkpoint`'s format (collective under DDP: every rank's
+    RNG state is gathered, so every rank takes part)."""
+    per_rank_rng = dist.all_gather_object(rng_state())
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "recipe": recipe.name,
+        "config": to_dict(recipe.config),
+        "data": {"dataset_size": dataset_size, "steps_per_epoch": run.length.steps_per_epoch},
+        "models": {name: model.state_dict() for name, model in run.parts.models.items()},
+        "averaged": {
+            name: {"follows": spec.follows, "decay": spec.decay, "weights": run.averaged[name].state_dict()}
+            for name, spec in run.parts.averaged.items()
+        },
+        "optimizers": {phase.name: phase.optimizer.state_dict() for phase in run.parts.phases},
+        "scalers": {name: scaler.state_dict() for name, scaler in run.scalers.items()},
+        "schedulers": {name: scheduler.state_dict() for name, scheduler in run.schedulers.items()},
+        **progress.to_state(),
+        "rng_per_rank": per_rank_rng,
+        "recipe_state": recipe.state_dict(),
+    }
+
+
+@dataclass
+class Restored:
+    """What `restore` read back beyond what it loaded into the models, optimizers and recipe."""
+
+    progress: Progress
+    rng: dict[str, Any]  # this rank's RNG state, set when fit() starts
+
+
+def restore(state: dict[str, Any], path: Path, recipe: Recipe[Any], run: Assembly, *, dataset_size: int) -> Restored:
+    """Load a checkpoint that passed the relaunch checks (recipe, structure, config) into the assembled run: models,
+    averaged copies, optimizers (with this run's peak learning rates: a resume may lower them after a divergence),
+    scalers, schedules, recipe state; returns the progress and this rank's RNG state.
+
+    Raises:
+        UsageError: the checkpoint does not fit this run's data, models or optimizers, is incomplete, or holds
+            NaN / inf weights.
+    """
+    cfg = recipe.config
+    check_fits(
+        state,
+        path,
+        dataset_size=dataset_size,
+        steps_per_epoch=run.length.steps_per_epoch,
+        total_steps=run.length.total_steps,
+        batch_size=cfg.batch_size,
+        phases=run.parts.phases,
+    )
+    try:
+        for name, model in run.parts.models.items():
+            try:
+                model.load_state_dict(state["models"][name])
+            except (KeyError, RuntimeError) as err:
+                raise UsageError(
+                    f"checkpoint {path} does not fit model {name!r} ({first_line(err)}); check --model"
+                ) from None
+        saved_averages = state.get("averaged", {})
+        for name, average in run.averaged.items():
+            entry = saved_averages.get(name)
+            if entry is None or entry["follows"] != run.parts.averaged[name].follows:
+                raise UsageError(
+                    f"checkpoint {path} holds no averaged weights {name!r} of model "
+                    f"{run.parts.averaged[name].follows!r}; resume with the settings it was trained with, or start "
+                    "over (--overwrite or a new --run-dir)"
+                )
+            try:
+                average.load_state_dict(entry["weights"])
+            except RuntimeError as err:
+                raise UsageError(
+                    f"checkpoint {path} does not fit averaged model {name!r} ({first_line(err)})"
+                ) from None
+        for phase in run.parts.phases:
+            peaks = [group["peak_lr"] for group in phase.optimizer.param_groups]
+            phase.optimizer.load_state_dict(state["optimizers"][phase.name])
+            for group, peak in zip(phase.optimizer.param_groups, peaks):
+                group["peak_lr"] = peak  # the schedule applies this run's peak from the checkpoint's step on
+            run.scalers[phase.name].load_state_dict(state["scalers"][phase.name])
+            run.schedulers[phase.name].load_state_dict(state["schedulers"][phase.name])
+        progress = Progress.from_state(state)
+        rngs = state["rng_per_rank"]
+        rng = rngs[dist.rank()] if dist.rank() < len(rngs) else rngs[0]
+        recipe.load_state_dict(state["recipe_state"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as err:
+        raise UsageError(
+            f"checkpoint {path} is incomplete or damaged ({type(err).__name__}: {str(err)[:120]}); resume from "
+            "another checkpoint (ckpt/step_*.pt) or start over with --overwrite"
+        ) from None
+    bad = non_finite_weights({**run.parts.models, **run.averaged})
+    if bad:
+        raise UsageError(
+            f"checkpoint {path} holds NaN or inf in {len(bad)} weight / buffer tensor(s) (first: {bad[0]}); resume "
+            "from an earlier checkpoint (ckpt/step_*.pt) or start over with --overwrite"
+        )
+    return Restored(progress, rng)
+
+
+def carry_out(plan: RelaunchPlan, store: CheckpointStore, files: RunDir) -> None:
+    """Rank 0, when fit starts: the deletions the relaunch plan decided (`--overwrite`; the logs of an attempt that
+    saved no checkpoint)."""
+    if plan.kind == "overwrite":
+        if store.exists() or files.metrics.exists():
+            log.warning("--overwrite: deleting the checkpoints and logs in %s and starting over", files.path)
+            store.clear()
+            files.clear_logs()
+    elif plan.kind == "fresh" and plan.replace_logs:
+        log.info("no checkpoint in %s: starting fresh (replacing the logs of an attempt that saved none)", files.path)
+        store.clear()
+        files.clear_logs()

@@ -7,6 +7,7 @@ Under torchrun only rank 0 takes it (the ranks of one job share the directory by
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -60,6 +61,29 @@ class RunDirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def lock_owner(run_dir: Path) -> str | None:
+    """'pid P on HOST' when `run_dir`'s lock is held by a live process, else None (never creates the lock file)."""
+    try:
+        handle = open(run_dir / LOCK_NAME)  # noqa: SIM115 - closed below
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with a trainer's LOCK_EX
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                return None
+            try:
+                info = json.loads(handle.read() or "{}")
+            except json.JSONDecodeError:
+                info = {}
+            if not isinstance(info, dict):
+                info = {}
+            return f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return None
 
 
 def _describe(text: str) -> str:

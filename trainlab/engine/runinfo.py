@@ -1,8 +1,8 @@
-"""What a run directory records about itself: the resolved config, the command line, git SHA and library versions."""
+"""What a run directory records about itself: the resolved config, the command line, git SHA and library versions
+(the paths are `engine.run_dir`'s)."""
 
 from __future__ import annotations
 
-import os
 import platform
 import shlex
 import subprocess
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import yaml
 
-from trainlab.errors import UsageError
+from trainlab.engine.run_dir import RunDir
 
 
 def git_sha() -> str:
@@ -71,48 +71,9 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create the run directory or fail with a one-line error if it cannot be written."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise UsageError(
-            f"run directory {run_dir} is not writable ({err.strerror}); pass a writable --run-dir"
-        ) from None
-    if not os.access(run_dir, os.W_OK):
-        raise UsageError(f"run directory {run_dir} is not writable; pass a writable --run-dir")
-
-
 def _one_line(value: Any) -> str:
     """A header comment must stay on its line: a newline (possible inside a quoted argument) is written as `\\n`."""
     return str(value).replace("\n", "\\n")
-
-
-def recorded_recipe(run_dir: Path) -> str | None:
-    """The recipe a run directory holds, from the `# recipe: NAME` line of its config.yaml header; None without one.
-
-    Raises:
-        UsageError: config.yaml exists but cannot be read.
-    """
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return None
-    try:
-        with path.open(encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.startswith("#"):
-                    break
-                key, sep, value = line[1:].strip().partition(": ")
-                if sep and key == "recipe":
-                    return value.strip()
-    except OSError as err:
-        raise UsageError(
-            f"cannot read {path} ({err.strerror}); fix its permissions, or pass another --run-dir"
-        ) from None
-    return None
 
 
 def write_config(run_dir: Path, recipe: str, config: dict[str, Any]) -> None:
@@ -122,5 +83,6 @@ def write_config(run_dir: Path, recipe: str, config: dict[str, Any]) -> None:
     text = yaml.safe_dump(config, sort_keys=False)
     provenance = {"recipe": recipe, "command": command_line(), **environment()}
     header = "".join(f"# {k}: {_one_line(v)}\n" for k, v in provenance.items())
-    (run_dir / "config.yaml").write_text(header + text)
-    (run_dir / "environment.yaml").write_text(yaml.safe_dump(provenance, sort_keys=False))
+    files = RunDir(run_dir)
+    files.config.write_text(header + text)
+    files.environment.write_text(yaml.safe_dump(provenance, sort_keys=False))

@@ -1,5 +1,6 @@
 """One optimizer step: micro-batches fetched one at a time, `no_sync` for all but the last, one unscale / clip /
-step / scaler update per phase, then the recipe's `after_optimizer_step` hook.
+step / scaler update per phase, then the recipe's `after_optimizer_step` hook, then the averaged copies of the
+phase's models (`engine.ema`) take their step.
 
 Per phase: the loss of each micro-batch is divided by the number of micro-batches (so accumulation is the large
 batch), micro-steps before the last run forward and backward inside DDP's `no_sync`, and the gradient norm is always
@@ -22,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainlab import dist
 from trainlab.dtypes import at_least_float32
+from trainlab.engine.ema import WeightAverage, update_average_
 from trainlab.engine.health import HealthMonitor
 from trainlab.engine.precision import LossScaler, Precision, grad_norm_, only_requires_grad
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo
@@ -83,6 +85,8 @@ class StepRunner:
     models: dict[str, nn.Module]  # trained models, unwrapped
     wrapped: dict[str, nn.Module]  # the same, DDP-wrapped where trained under DDP
     frozen: dict[str, nn.Module]
+    averaged: dict[str, nn.Module]  # the averaged copies, by name
+    averages: dict[str, WeightAverage]  # what each averaged copy follows, and its decay
     scalers: dict[str, LossScaler]
     schedulers: dict[str, Scheduler]
     precision: Precision
@@ -95,9 +99,10 @@ class StepRunner:
         self._unused_checked: set[str] = set()  # phases whose parameters were checked for a missing gradient
 
     def models_for(self, phase: Phase) -> dict[str, nn.Module]:
-        """Modules trained in `phase` DDP-wrapped; the other trained ones raw (no gradient sync); frozen ones."""
+        """Modules trained in `phase` DDP-wrapped; the other trained ones raw (no gradient sync); frozen and averaged
+        ones."""
         trained = {n: (self.wrapped[n] if n in phase.modules else m) for n, m in self.models.items()}
-        return {**trained, **self.frozen}
+        return {**trained, **self.frozen, **self.averaged}
 
     def phase_params(self, phase: Phase) -> list[nn.Parameter]:
         """The parameters `phase`'s optimizer updates (those requiring gradients)."""
@@ -170,6 +175,10 @@ class StepRunner:
             self.health.after_update(phase.name, info, stepped)
         phase.optimizer.zero_grad(set_to_none=True)
         metrics.update(self.recipe.after_optimizer_step(models, phase.name, info))
+        if stepped:
+            for name, spec in self.averages.items():
+                if spec.follows in phase.modules:
+                    update_average_(self.averaged[name], self.models[spec.follows], spec.decay)
         metrics["grad_norm"] = norm if finite else float("nan")
         metrics["skipped"] = 0.0 if stepped else 1.0
         metrics["lr"] = lr

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainlab.engine.data import micro_batch_size
 from trainlab.engine.recipe import Recipe
+from trainlab.engine.sampler import micro_batch_size
 from trainlab.errors import UsageError
 from trainlab.memory.breakdown import Breakdown, breakdown
 from trainlab.memory.gpus import GpuProfile

@@ -1,13 +1,17 @@
 """Trace a recipe's real training step on fake tensors: the engine's own `StepRunner`, no data, no real memory.
 
-The set-up mirrors `engine.loop.Trainer` (seed, `recipe.build`, precision cast, frozen models in eval mode, one
-`LossScaler` and `Scheduler` per phase) and then runs `StepRunner.run` itself, so forward, loss, backward,
-unscale, clip, optimizer step, scaler update and the recipe's `after_optimizer_step` are the training code, not a
+The set-up is the Trainer's own (`engine.assemble.assemble`: seed, `recipe.build`, averaged copies, precision cast,
+frozen and averaged models in eval mode, one `LossScaler` and `Scheduler` per phase, the `StepRunner`), with this
+module's hooks: models placed on fake CPU tensors in place, their storages labelled, optimizers hooked, the recipe
+wrapped to mark regions. Then `StepRunner.run` runs, so forward, loss, backward, unscale, clip, optimizer step,
+scaler update, the recipe's `after_optimizer_step` and the averaged copies' update are the training code, not a
 model of it. Batches come from `recipe.example_batch(micro_batch)`.
 
-Traced optimizer steps: the first (it creates the optimizer states) and the last two of a long run, so phases
-that start late (a GAN's discriminator) and progressive schedules are at their largest; the steady-state window
-is everything after the first traced step.
+The run's length: no data is read, so the planner assumes a long run of about `PLANNED_TOTAL_STEPS` optimizer steps
+over the config's epochs, stopped by `--max-steps` when that is set (`engine.run_length`: the same definition as the
+Trainer's). Traced optimizer steps: the first (it creates the optimizer states) and the last two before the run
+stops, so phases that start late (a GAN's discriminator) and progressive schedules are at their largest; the
+steady-state window is everything after the first traced step.
 
 For `device="cuda"` the step is still traced on fake CPU tensors: autograd on fake CUDA tensors needs a real CUDA
 context (reference B.3), and fake parameters cannot be moved between devices. What differs on CUDA is substituted:
@@ -30,11 +34,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from trainlab.engine.precision import LossScaler, Precision
-from trainlab.engine.recipe import Batch, Recipe, StepInfo, apply_activation_checkpointing
-from trainlab.engine.schedule import Scheduler
-from trainlab.engine.seeding import seed_everything
-from trainlab.engine.step import StepRunner
+from trainlab.engine.assemble import AssemblyHooks, assemble
+from trainlab.engine.precision import Precision
+from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
+from trainlab.engine.run_length import RunLength, run_length
 from trainlab.memory.cuda_autocast import CudaAutocastPolicy
 from trainlab.memory.tracer import Region, StorageTracer, Trace, tracing
 
@@ -43,7 +46,6 @@ log = logging.getLogger(__name__)
 PlanDevice = Literal["cpu", "cuda"]
 
 PLANNED_TOTAL_STEPS = 1_000_000  # no dataset is read, so the run length is unknown: plan the end of a long run
-PLANNED_STEPS_PER_EPOCH = 1_000
 
 
 @dataclass
@@ -100,11 +102,16 @@ class _RegionRecipe(Recipe[Any]):
             self.tracer.in_recipe_hook = False
 
 
-def traced_step_indices(total_steps: int) -> list[int]:
-    """The first optimizer step, then the last two (or every step of a run shorter than three)."""
-    if total_steps <= 3:
-        return list(range(max(total_steps, 2)))
-    return [0, total_steps - 2, total_steps - 1]
+def traced_step_indices(stop_step: int) -> list[int]:
+    """The first optimizer step, then the last two before `stop_step` (or every step of a run shorter than three)."""
+    if stop_step <= 3:
+        return list(range(max(stop_step, 2)))
+    return [0, stop_step - 2, stop_step - 1]
+
+
+def planned_length(epochs: int, max_steps: int) -> RunLength:
+    """The length the planner assumes: about `PLANNED_TOTAL_STEPS` steps over `epochs`, stopped at `max_steps`."""
+    return run_length(-(-PLANNED_TOTAL_STEPS // epochs), epochs=epochs, max_steps=max_steps)
 
 
 def _batches(recipe: Recipe[Any], tracer: StorageTracer, micro_batch: int) -> Iterator[Batch]:
@@ -129,7 +136,7 @@ def trace_training(
     device: PlanDevice,
     micro_batch: int,
     grad_accumulation: int,
-    total_steps: int | None = None,
+    length: RunLength | None = None,
     cuda_autocast: bool | None = None,
 ) -> TracedRun:
     """Run the recipe's training step on fake tensors and record every storage allocation and free.
@@ -139,63 +146,52 @@ def trace_training(
         device: "cpu" (the run as it executes on this CPU) or "cuda" (see the module docstring).
         micro_batch: samples per micro-batch on one process.
         grad_accumulation: micro-batches per optimizer step.
-        total_steps: optimizer steps of the run (default: a long run; see `traced_step_indices`).
+        length: the run's length (default: `planned_length` of the config's epochs and --max-steps).
         cuda_autocast: substitute CUDA autocast's cast policy (default: when `device` is "cuda").
 
     Returns:
-        The trace, with parameters, gradients, optimizer states and frozen models labelled.
+        The trace, with parameters, gradients, optimizer states, frozen models and averaged copies labelled.
     """
     cfg = recipe.config
     precision = Precision.parse(cfg.precision)
-    total = total_steps or (cfg.max_steps if cfg.max_steps > 0 else PLANNED_TOTAL_STEPS)
+    planned = length or planned_length(cfg.epochs, cfg.max_steps)
     tracer = StorageTracer()
     cpu = torch.device("cpu")
     use_cuda_policy = device == "cuda" if cuda_autocast is None else cuda_autocast
+
+    def place(model: nn.Module, applied: Precision | None) -> nn.Module:
+        _prepare_in_place(model, applied, cfg.keep_batchnorm_fp32)
+        return model
+
+    def after_build(parts: TrainParts, averaged: dict[str, nn.Module]) -> None:
+        for model in parts.models.values():
+            model.train()
+        if device == "cuda":
+            for phase in parts.phases:
+                _use_foreach(phase.optimizer)
+        _label_model_states(tracer, parts.models, parts.frozen, averaged)
+        for phase in parts.phases:
+            _hook_optimizer(tracer, phase.optimizer)
+
+    hooks = AssemblyHooks(place=place, after_build=after_build, step_recipe=lambda r: _RegionRecipe(r, tracer))
     with (
         tracing(tracer),
         torch.random.fork_rng(devices=[]),
         CudaAutocastPolicy(enabled=use_cuda_policy),
         precision.default_dtype(),
     ):
-        seed_everything(cfg.seed)
-        parts = recipe.build(cpu)
-        apply_activation_checkpointing(recipe, parts)
-        for model in parts.models.values():
-            _prepare_in_place(model, precision, cfg.keep_batchnorm_fp32)
-            model.train()
-        for model in parts.frozen.values():
-            _prepare_in_place(model, None, False)
-            model.eval().requires_grad_(False)
-        if device == "cuda":
-            for phase in parts.phases:
-                _use_foreach(phase.optimizer)
-        _label_model_states(tracer, parts.models, parts.frozen)
-        scalers = {p.name: LossScaler(precision, "cpu", cfg.static_loss_scale) for p in parts.phases}
-        schedulers = {p.name: Scheduler(p.optimizer, cfg.schedule, total) for p in parts.phases}
-        for phase in parts.phases:
-            _hook_optimizer(tracer, phase.optimizer)
-        runner = StepRunner(
-            recipe=_RegionRecipe(recipe, tracer),
-            phases=parts.phases,
-            models=parts.models,
-            wrapped=dict(parts.models),
-            frozen=parts.frozen,
-            scalers=scalers,
-            schedulers=schedulers,
-            precision=precision,
-            device=cpu,
-            clip_grad_norm=cfg.clip_grad_norm,
-        )
+        run = assemble(recipe, device=cpu, precision=precision, length_of=lambda parts: planned, hooks=hooks)
+        parts, runner = run.parts, run.runner
         batches = _batches(recipe, tracer, micro_batch)
-        for position, step in enumerate(traced_step_indices(total)):
+        for position, step in enumerate(traced_step_indices(planned.stop_step)):
             tracer.step = position
             tracer.region = "batch"
             tracer.mark_step_start()
             info = StepInfo(
                 step=step,
-                total_steps=total,
-                steps_per_epoch=PLANNED_STEPS_PER_EPOCH,
-                epoch=step // PLANNED_STEPS_PER_EPOCH,
+                total_steps=planned.total_steps,
+                steps_per_epoch=planned.steps_per_epoch,
+                epoch=step // planned.steps_per_epoch,
                 log_now=True,
                 num_micro_steps=grad_accumulation,
             )
@@ -204,7 +200,7 @@ def trace_training(
         tracer.region = "after_step"
         trained = [p for m in parts.models.values() for p in m.parameters()]
         frozen_bytes = sum(_state_bytes(m) for m in parts.frozen.values())
-        run = TracedRun(
+        traced = TracedRun(
             trace=tracer.trace,
             device=device,
             micro_batch=micro_batch,
@@ -216,9 +212,9 @@ def trace_training(
             uses_convolution=tracer.uses_convolution,
             optimizers=[type(p.optimizer).__name__.lower() for p in parts.phases],
         )
-        del runner, parts, batches, scalers, schedulers
-    run.trace.events = run.trace.events[: run.trace.end]
-    return run
+        del run, runner, parts, batches
+    traced.trace.events = traced.trace.events[: traced.trace.end]
+    return traced
 
 
 def _prepare_in_place(model: nn.Module, precision: Precision | None, keep_batchnorm_fp32: bool) -> None:
@@ -241,7 +237,10 @@ def _state_bytes(model: nn.Module) -> int:
 
 
 def _label_model_states(
-    tracer: StorageTracer, models: Mapping[str, nn.Module], frozen: Mapping[str, nn.Module]
+    tracer: StorageTracer,
+    models: Mapping[str, nn.Module],
+    frozen: Mapping[str, nn.Module],
+    averaged: Mapping[str, nn.Module],
 ) -> None:
     for model in models.values():
         for p in model.parameters():
@@ -251,6 +250,9 @@ def _label_model_states(
     for model in frozen.values():
         for t in [*model.parameters(), *model.buffers()]:
             tracer.label(t, "frozen")
+    for model in averaged.values():  # updated once per step, like a momentum encoder: recipe state
+        for t in [*model.parameters(), *model.buffers()]:
+            tracer.label(t, "recipe_state")
 
 
 def _hook_optimizer(tracer: StorageTracer, optimizer: torch.optim.Optimizer) -> None:

@@ -133,8 +133,5 @@ class CifarRecipe(Recipe[CifarConfig]):
             data=dataclasses.replace(self.config.data, kind="fake", fake_size=128, train_limit=0, eval_limit=0),
             batch_size=16,
             epochs=2,
-            max_steps=-1,
-            log_every=1,
             eval_batch_size=64,
-            debug=False,
         )

@@ -152,8 +152,5 @@ class JudgeRecipe(Recipe[JudgeConfig]):
             data=dataclasses.replace(self.config.data, train_limit=256, eval_limit=200),
             batch_size=32,
             epochs=2,
-            max_steps=-1,
-            log_every=1,
             export="",
-            debug=False,
         )

@@ -56,6 +56,7 @@ from trainlab.data.config import (
 from trainlab.data.sources import ImageSplit, normalisation, num_classes, open_split
 from trainlab.data.transforms import RandomResizedCropFlip, ResizeCenterCrop
 from trainlab.dtypes import at_least_float32
+from trainlab.engine.checkpoint import is_trainlab_checkpoint, stored_config, weights_in_checkpoint
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -63,6 +64,7 @@ from trainlab.models.backbones.vit import check_vit_image_size
 from trainlab.models.moco import MoCo, build_moco, infer_arch, read_moco_state
 from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
 from trainlab.optim.config import OptimConfig
+from trainlab.recipes.moco import MocoConfig
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ def load_backbone(checkpoint: str, model: MocoBackbone, image_size: int) -> tupl
     """
     if not checkpoint:
         return MoCo(model, dim=256, mlp_dim=512, image_size=image_size), f"random-init {model}"
-    state, _ = read_moco_state(checkpoint)
+    state, _ = _read_moco_checkpoint(checkpoint)
     moco = build_moco(state, where=checkpoint)
     return moco, f"{moco.backbone} from {checkpoint}"
 
@@ -122,15 +124,29 @@ class ProbeData:
         return DataConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
+def _read_moco_checkpoint(checkpoint: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The MoCo weights of `checkpoint` (official, or a trainlab `moco` run's ckpt/last.pt) and the config a trainlab
+    run recorded, under today's setting names ({} for official files)."""
+    config: dict[str, Any] = {}
+    moco_weights = weights_in_checkpoint("moco")  # the moco recipe's model
+
+    def unwrap(obj: Any, path: Path) -> Any:
+        if is_trainlab_checkpoint(obj):
+            config.update(stored_config(obj, MocoConfig, where=f"checkpoint {path}") or {})
+        return moco_weights(obj, path)
+
+    state, _ = read_moco_state(checkpoint, unwrap=unwrap)
+    return state, config
+
+
 def _pretrained_on(checkpoint: str) -> tuple[dict[str, Any], str]:
     """What `checkpoint` says about its pretraining data ({"kind", "root", "image_size"}, any of them absent),
     and the architecture: a trainlab run records its config; an official ViT's position table fixes its side."""
     if not checkpoint:
         return {}, ""
-    state, extra = read_moco_state(checkpoint)
+    state, config = _read_moco_checkpoint(checkpoint)
     arch = infer_arch(state, where=checkpoint)
     found: dict[str, Any] = {}
-    config = extra.get("config") or {}
     data = config.get("data")
     # the data group, or (a run recorded before it; accepted until the next release) flat `data` and `data_root`
     kind, root = (data.get("kind"), data.get("root")) if isinstance(data, dict) else (data, config.get("data_root"))
@@ -249,7 +265,6 @@ class LinearProbeConfig(TrainConfig):
 class LinearProbeRecipe(Recipe[LinearProbeConfig]):
     name = "linear-probe"
     config_class = LinearProbeConfig
-    resume_must_match = ("moco_weights", "data", "image_size", "augment")
     resume_may_change = ("data.root",)  # a moved dataset (another size is refused)
 
     def __init__(self, config: LinearProbeConfig) -> None:
@@ -354,7 +369,4 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
             image_size=16,
             batch_size=32,
             epochs=2,
-            log_every=1,
-            max_steps=-1,
-            debug=False,
         )

@@ -155,7 +155,6 @@ def _unwrap(model: nn.Module) -> MoCo:
 class MocoRecipe(Recipe[MocoConfig]):
     name = "moco"
     config_class = MocoConfig
-    resume_must_match = ("model", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optim")
     resume_may_change = ("data.root", "knn_k", "knn_temperature", "data.eval_limit", "eval_batch_size")  # kNN monitor
 
     def __init__(self, config: MocoConfig) -> None:
@@ -253,9 +252,6 @@ class MocoRecipe(Recipe[MocoConfig]):
             mlp_hidden_dim=64,
             batch_size=16,
             epochs=2,
-            max_steps=-1,
-            log_every=1,
             knn_k=20,
             eval_batch_size=64,
-            debug=False,
         )

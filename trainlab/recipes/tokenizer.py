@@ -46,6 +46,7 @@ from trainlab.data.config import DataConfig, eval_limit_option, fake_size_option
 from trainlab.data.sources import open_split
 from trainlab.data.transforms import VarResizeCrop
 from trainlab.dtypes import at_least_float32
+from trainlab.engine.ema import WeightAverage
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -72,6 +73,7 @@ from trainlab.optim.config import OptimConfig
 log = logging.getLogger(__name__)
 
 TokenizerKind = Literal["image-folder", "digits", "fake"]
+EMA_MODEL = "vqvae_ema"  # the averaged copy of "vqvae" (--model-ema-decay)
 _ARCH_FIELDS = (
     "vocab_size",
     "z_channels",
@@ -182,6 +184,15 @@ class TokenizerConfig(TrainConfig):
     # ---- evaluation
     inception_weights: str = option(
         "", "local torch-fidelity Inception weights (pt_inception-2015-12-05) for rFID", metavar="PATH"
+    )
+    model_ema_decay: float = option(
+        0.0,
+        "keep an EMA of the VQVAE's weights, this decay per optimizer step (0: off; e.g. 0.999; --ema-decay is the "
+        "codebook's); when on, evaluation (PSNR, codebook usage, rFID), best.pt's metric and the weights other "
+        "commands read from this run's checkpoints (--tokenizer-weights of train var and sample) are the averaged "
+        "ones",
+        ge=0,
+        lt=1,
     )
 
     def validate(self) -> None:
@@ -297,10 +308,12 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             c.gan_loss if c.discriminator_weight > 0 else "off",
             c.discriminator_start,
         )
+        averaged = {EMA_MODEL: WeightAverage(follows="vqvae", decay=c.model_ema_decay)} if c.model_ema_decay else {}
         return TrainParts(
             models={"vqvae": vqvae, "discriminator": discriminator},
             phases=[Phase("generator", opt_g, ["vqvae"]), Phase("discriminator", opt_d, ["discriminator"])],
             frozen=frozen,
+            averaged=averaged,
         )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
@@ -462,7 +475,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         c = self.config
         if self._heldout is None:
             return {}
-        vqvae = unwrap_model(models["vqvae"])
+        vqvae = unwrap_model(models[EMA_MODEL if c.model_ema_decay else "vqvae"])
         assert isinstance(vqvae, VQVAE)
         dtype = vqvae.post_quant_conv.weight.dtype
         loader = DataLoader(self._heldout, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
@@ -545,7 +558,6 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             batch_size=4,
             grad_accumulation=1,
             epochs=1,
-            max_steps=-1,
             discriminator_start=2,
             discriminator_weight=0.8,
             discriminator_layers=2,
@@ -553,6 +565,4 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             dead_code_steps=2,
             perceptual_weights="",
             inception_weights="",
-            log_every=1,
-            debug=False,
         )

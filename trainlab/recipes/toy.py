@@ -99,4 +99,4 @@ class ToyRecipe(Recipe[ToyConfig]):
         return {"accuracy": float((logits_BK.argmax(-1) == y_B).float().mean())}
 
     def debug_config(self) -> ToyConfig:
-        return replace(self.config, num_samples=128, batch_size=16, epochs=2, log_every=1, debug=False)
+        return replace(self.config, num_samples=128, batch_size=16, epochs=2)

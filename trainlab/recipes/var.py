@@ -78,6 +78,8 @@ from trainlab.data.token_cache import (
     tokenizer_sha256,
 )
 from trainlab.data.transforms import VarResizeCrop
+from trainlab.engine.checkpoint import weights_in_checkpoint
+from trainlab.engine.ema import WeightAverage
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
@@ -95,6 +97,8 @@ log = logging.getLogger(__name__)
 
 VarKind = Literal["image-folder", "digits", "fake"]
 TokenizerModel = Literal["auto", VQVAEName]  # inferred from the weights, or a registered VQVAE
+EMA_MODEL = "var_ema"  # the averaged copy of "var" (--model-ema-decay)
+TOKENIZER_MODEL = "vqvae"  # the tokenizer recipe's name for its VQVAE in a run's checkpoint (--tokenizer-weights)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -199,6 +203,14 @@ class VARTrainConfig(TrainConfig):
         -1.0, "newest-scale loss ramp per stage, epochs (-1: epochs/300, pgwp)", ge=0, sentinels=(-1,)
     )
     export: bool = option(True, "write var_export.pth and var_export.safetensors after the last epoch")
+    model_ema_decay: float = option(
+        0.0,
+        "keep an EMA of VAR's weights, this decay per optimizer step (0: off, as in the official code; e.g. 0.9999); "
+        "when on, evaluation, best.pt's metric, the export and `trainlab sample` from this run's checkpoints use the "
+        "averaged weights",
+        ge=0,
+        lt=1,
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -276,6 +288,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         self.slices = scale_slices(config.patch_nums)
         self.seq_len = sequence_length(config.patch_nums)
         self._progressive: tuple[int, ProgressiveSchedule] | None = None  # (total steps it was built for, schedule)
+        self._evaluated = EMA_MODEL if config.model_ema_decay else "var"  # what evaluation and export use
 
     # --------------------------------------------------------------------------------------------- data
     def _cached(
@@ -320,7 +333,13 @@ class VARRecipe(Recipe[VARTrainConfig]):
     # -------------------------------------------------------------------------------------------- build
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
-        tokenizer = load_tokenizer(c.tokenizer_weights, c.tokenizer_model, c.patch_nums, seed=c.seed)
+        tokenizer = load_tokenizer(
+            c.tokenizer_weights,
+            c.tokenizer_model,
+            c.patch_nums,
+            seed=c.seed,
+            unwrap=weights_in_checkpoint(TOKENIZER_MODEL),
+        )
         _check_tokenizer(c, tokenizer)
         self.tokenizer_hash = tokenizer_sha256(tokenizer)
         # NHWC convolutions and SDPA in the encoder's attention: the same tokens, ~1.3x faster encoding on CPU
@@ -328,7 +347,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
         var = VAR(var_model_config(c, tokenizer.cfg.z_channels))
         var.init_weights(c.init_adaln, c.init_adaln_gamma, c.init_head, c.init_std)
         if c.init_from:
-            load_official_into_(var, Path(c.init_from))
+            load_official_into_(var, Path(c.init_from), unwrap=weights_in_checkpoint(self.name))
         var = var.to(device)
         groups = param_groups(var, c.optim.weight_decay, c.optim.peak_lr(c.batch_size))
         optimizer = c.optim.build(groups, batch_size=c.batch_size, device=device)
@@ -342,8 +361,12 @@ class VARRecipe(Recipe[VARTrainConfig]):
             c.optim.name,
             " (fused)" if optimizer.defaults.get("fused") else "",
         )
+        averaged = {EMA_MODEL: WeightAverage(follows="var", decay=c.model_ema_decay)} if c.model_ema_decay else {}
         return TrainParts(
-            models={"var": var}, phases=[Phase("main", optimizer, ["var"])], frozen={"tokenizer": tokenizer}
+            models={"var": var},
+            phases=[Phase("main", optimizer, ["var"])],
+            frozen={"tokenizer": tokenizer},
+            averaged=averaged,
         )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
@@ -442,14 +465,14 @@ class VARRecipe(Recipe[VARTrainConfig]):
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
         metrics: dict[str, float] = {}
         if self.val_set is not None:
-            metrics = self._validate(models["var"], models["tokenizer"], device)
+            metrics = self._validate(models[self._evaluated], models["tokenizer"], device)
         skipped = getattr(self.train_images, "skipped_images", None)
         if skipped:
             metrics["train_unreadable_images_skipped"] = float(skipped)
         return metrics
 
     def on_fit_end(self, models: Mapping[str, nn.Module]) -> None:
-        var = models["var"]
+        var = models[self._evaluated]
         if self.config.export:
             assert isinstance(var, VAR)
             export_var(var, self.config.run_dir)
@@ -504,13 +527,10 @@ class VARRecipe(Recipe[VARTrainConfig]):
             # peak lr 1e-3 at batch 8, so that the weights visibly move in a few steps
             optim=dataclasses.replace(c.optim, learning_rate=-1.0, base_learning_rate=0.03),
             epochs=3,  # 4 steps per epoch: the debug check resumes mid-epoch (step 6)
-            max_steps=-1,
             eval_batch_size=32,
-            log_every=1,
             num_workers=0,
             progressive_start_scale=min(c.progressive_start_scale, 1),
             token_cache_path="",
-            debug=False,
         )
 
 
@@ -527,14 +547,16 @@ def export_run(run_dir: str | Path, checkpoint: str = "last") -> tuple[Path, Pat
     Returns:
         (`run_dir/var_export.pth`, `run_dir/var_export.safetensors`).
     """
-    from trainlab.engine.checkpoint import load_checkpoint
+    from trainlab.engine.checkpoint import load_checkpoint, stored_config
+    from trainlab.engine.run_dir import RunDir
 
     run_dir = Path(run_dir)
-    state = load_checkpoint(run_dir / "ckpt" / f"{checkpoint}.pt")
+    path = RunDir(run_dir).ckpt / f"{checkpoint}.pt"
+    state = load_checkpoint(path)
     if state.get("recipe") != VARRecipe.name:
         raise UsageError(f"{run_dir} is a {state.get('recipe')!r} run, not a VAR run")
-    cfg = from_dict(VARTrainConfig, state["config"])
-    weights = state["models"]["var"]
+    cfg = from_dict(VARTrainConfig, stored_config(state, VARTrainConfig, where=f"checkpoint {path}") or {})
+    weights = weights_in_checkpoint(VARRecipe.name)(state, path)
     var = VAR(var_model_config(cfg, int(weights["word_embed.weight"].shape[1])))
     var.load_state_dict(weights)
     return export_var(var, run_dir)

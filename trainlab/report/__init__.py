@@ -1,7 +1,7 @@
 """Plots and result tables from run directories (`metrics.jsonl` + `config.yaml`).
 
-- `runs`: read a run directory (`read_metrics`, `read_config`, `load_run` -> `RunData`), group seeds of one
-  configuration (`group_runs`) and reduce a run to one summary row (`summarize_run`);
+- `runs`: a run directory's files (read by `engine.run_dir.RunDir`) as series (`load_run` -> `RunData`), group seeds
+  of one configuration (`group_runs`) and reduce a run to one summary row (`summarize_run`);
 - `plots`: the matplotlib figures (`plot_run` for one run, `plot_comparison` for several);
 - `tables`: the results table as markdown and CSV (`write_results_table`).
 

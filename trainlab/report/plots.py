@@ -18,8 +18,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError
-from trainlab.report.runs import RunData, is_number, latest_rows, load_run, read_metrics
+from trainlab.report.runs import RunData, is_number, latest_rows, load_run
 from trainlab.report.tables import MIB, mean_std, timing_note
 
 DPI = 120
@@ -223,12 +224,12 @@ def plot_health(run_dir: str | Path, out_dir: str | Path) -> Path | None:
     Blocks are coloured in model order (dark: first blocks, light: last); the usual update ratio (1e-3) and the dead
     fraction that draws a warning (0.5) are dashed lines.
     """
-    rows = latest_rows(read_metrics(run_dir), "health", "step")
+    rows = latest_rows(RunDir(run_dir).read_metrics(), "health", "step")
     if not rows:
         return None
     import matplotlib
 
-    from trainlab.engine.health import DEAD_FRACTION_WARN, USUAL_UPDATE_RATIO
+    from trainlab.engine.health_limits import DEAD_FRACTION_WARN, USUAL_UPDATE_RATIO
 
     fig = Figure(figsize=(9, 10), layout="constrained")
     axes = fig.subplots(len(_HEALTH_PANELS), 1, sharex=True)

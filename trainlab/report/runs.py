@@ -1,4 +1,5 @@
-"""Reading run directories (`metrics.jsonl` + `config.yaml`) into series and one summary row per run.
+"""Run directories (`metrics.jsonl` + `config.yaml`, read by `engine.run_dir.RunDir`) as series and one summary row
+per run.
 
 `metrics.jsonl` holds one JSON object per line with "kind" ("train" | "eval" | "summary" | other kinds, ignored
 here), "step" (optimizer step) and "epoch", plus numeric metrics. Conventions this module relies on:
@@ -23,130 +24,18 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from trainlab.errors import UsageError, first_line
+from trainlab.engine.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
 ACCURACY_KEYS = ("test_accuracy", "accuracy")  # eval-row keys, first found wins
-_NONFINITE = {
-    "nan": math.nan,
-    "NaN": math.nan,
-    "inf": math.inf,
-    "Infinity": math.inf,
-    "-inf": -math.inf,
-    "-Infinity": -math.inf,
-}
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Reads `<run_dir>/metrics.jsonl`.
-
-    Args:
-        run_dir: a run directory written by `trainlab train`.
-
-    Returns:
-        The rows in file order (duplicates from resumed runs included), with "nan"/"inf" strings turned into floats.
-        A truncated last line (a run killed mid-write) is skipped with a warning.
-
-    Raises:
-        UsageError: the directory or file is missing, a line is not a JSON object with a "kind", or the file is empty.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UsageError(f"run directory {run_dir} does not exist; pass a directory written by `trainlab train`")
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise UsageError(f"no metrics.jsonl in {run_dir}; pass a run directory written by `trainlab train`")
-    lines = _read_text(path).splitlines()
-    last_content = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    rows: list[dict[str, Any]] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == last_content:
-                log.warning("%s: skipping truncated last line %d (%s)", path, i + 1, e.msg)
-                continue
-            raise UsageError(f"{path} line {i + 1} is not valid JSON ({e.msg}); fix or delete that line") from None
-        if not isinstance(row, dict) or not isinstance(row.get("kind"), str):
-            raise UsageError(f'{path} line {i + 1} is not a metrics row (a JSON object with a "kind")')
-        rows.append({k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in row.items()})
-    if not rows:
-        raise UsageError(f"{path} has no rows yet; has the run logged anything?")
-    return rows
-
-
-def find_run_dirs(root: str | Path) -> list[Path]:
-    """Run directories under `root` (itself included): folders holding `metrics.jsonl`, sorted by path. The folders
-    a run writes inside itself (tb, ckpt, wandb, plots, report) and hidden ones are not searched."""
-    found = []
-    for here, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if d not in _RUN_SUBDIRS and not d.startswith("."))
-        if "metrics.jsonl" in files:
-            found.append(Path(here))
-    return found
-
-
-_RUN_SUBDIRS = {"tb", "ckpt", "wandb", "plots", "report", "__pycache__"}
-
-
-def _read_text(path: Path) -> str:
-    """The text of a run file, or a one-line UsageError naming it (binary or non-UTF-8 content, unreadable)."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(
-            f"{path} is not UTF-8 text (byte {e.start} of {len(e.object)}): the file is damaged; restore or delete it"
-        ) from None
-    except OSError as e:
-        raise UsageError(f"{path} cannot be read ({first_line(e)})") from None
-
-
-def read_header(run_dir: str | Path) -> dict[str, str]:
-    """The provenance comments at the top of `<run_dir>/config.yaml` (`# recipe: var`, `# command: ...`)."""
-    path = Path(run_dir) / "config.yaml"
-    header: dict[str, str] = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if not line.startswith("#"):
-                break
-            key, sep, value = line[1:].strip().partition(": ")
-            if sep:
-                header[key] = value
-    return header
-
-
-def read_config(run_dir: str | Path) -> dict[str, Any]:
-    """Reads `<run_dir>/config.yaml` (the resolved config); {} when there is none.
-
-    Raises:
-        UsageError: the file exists but is not a YAML mapping.
-    """
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        return {}
-    text = _read_text(path)
-    try:
-        config = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as e:
-        raise UsageError(f"{path} is not valid YAML ({type(e).__name__}); fix or delete it") from None
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise UsageError(f"{path} is not a YAML mapping")
-    return config
 
 
 def latest_rows(rows: Iterable[dict[str, Any]], kind: str, x_key: str) -> list[dict[str, Any]]:
@@ -252,8 +141,9 @@ class RunData:
 def load_run(run_dir: str | Path) -> RunData:
     """Reads one run directory into the series and summary numbers used by the plots and tables."""
     run_dir = Path(run_dir)
-    rows = read_metrics(run_dir)
-    config = read_config(run_dir)
+    files = RunDir(run_dir)
+    rows = files.read_metrics()
+    config = files.read_config()
     train = [{**r, "_x": r["step"]} for r in latest_rows(rows, "train", "step")]
     evals = [{**r, "_x": r["epoch"]} for r in latest_rows(rows, "eval", "epoch")]
     summaries = [r for r in rows if r["kind"] == "summary"]
@@ -298,7 +188,7 @@ def load_run(run_dir: str | Path) -> RunData:
         summary=summary,
         final_train_loss=final_train_loss,
         final_train_loss_step=final_train_loss_step,
-        recipe=read_header(run_dir).get("recipe"),
+        recipe=files.recipe(),
         loss_name=loss_name,
         loss_series=loss_series,
         eval_metric=eval_metric,
@@ -389,7 +279,7 @@ def group_runs(run_dirs: Sequence[str | Path]) -> dict[str, list[Path]]:
     keyed: dict[str, list[Path]] = {}
     info: dict[str, tuple[str, str | None]] = {}
     for run_dir in map(Path, run_dirs):
-        config = read_config(run_dir)
+        config = RunDir(run_dir).read_config()
         run = load_run(run_dir)
         identity = {k: v for k, v in config.items() if k not in ignored} if config else {"dir": str(run_dir)}
         key = json.dumps(identity, sort_keys=True, default=str)

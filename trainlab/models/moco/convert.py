@@ -1,8 +1,10 @@
 """Official MoCo v3 checkpoints in and out.
 
 `load_official` reads what facebookresearch/moco-v3 main_moco.py saves, `{"epoch", "arch", "state_dict",
-"optimizer", "scaler"}` with the DDP-wrapped model's keys (`module.base_encoder.conv1.weight`, ...), and trainlab's
-own MoCo checkpoints (`ckpt/last.pt` of `trainlab train moco`); `export_official` writes the official key names
+"optimizer", "scaler"}` with the DDP-wrapped model's keys (`module.base_encoder.conv1.weight`, ...), and bare state
+dicts; `read_moco_state(path, unwrap=...)` also reads trainlab's own MoCo checkpoints (`ckpt/last.pt` of `trainlab
+train moco`), unwrapped by the caller (`trainlab.engine.checkpoint.weights_in_checkpoint`); `export_official` writes
+the official key names
 back (no `module.` prefix), for main_moco.py `--resume` (after re-adding the prefix) and main_lincls.py
 `--pretrained`. The architecture is inferred from the keys and shapes; the temperature is not stored by the
 official code and is an argument.
@@ -11,6 +13,7 @@ official code and is an argument.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from trainlab.errors import UsageError
 from trainlab.models.backbones.resnet import _DEBUG_WIDTHS
 from trainlab.models.backbones.vit import VIT_SIZES
 from trainlab.models.moco.model import OFFICIAL_ARCH, MoCo
-from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
+from trainlab.models.names import MocoBackbone
 from trainlab.user_files import check_state_dict, load_user_file
 
 _PREFIX = "module."
@@ -117,30 +120,25 @@ def infer_arch(state: dict[str, torch.Tensor], where: str = "checkpoint") -> dic
     return {"backbone": resnet_arch, "dim": dim, "mlp_dim": mlp_dim}
 
 
-def read_moco_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The MoCo state_dict (official key names) of an official or trainlab checkpoint, and what else it says
-    (`arch`, `epoch`, and for trainlab runs `config`: the recipe settings it was trained with).
+def read_moco_state(
+    path: str | Path, *, unwrap: Callable[[Any, Path], Any] | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The MoCo state_dict (official key names) of an official checkpoint or a bare state_dict, and what else the
+    file says (`arch`, `epoch`). `unwrap`: the caller's unwrapping of a container this module does not know (a
+    trainlab run's `ckpt/last.pt`: `trainlab.engine.checkpoint.weights_in_checkpoint`), applied first.
 
     Raises:
         UsageError: missing or unreadable file, or a checkpoint that holds no MoCo model.
     """
     path = Path(path)
     ckpt = load_user_file(path, "checkpoint", fix=_FIX)
+    if unwrap is not None:
+        ckpt = unwrap(ckpt, path)
     if not isinstance(ckpt, dict):
         raise UsageError(f"{path} is not a checkpoint (a {type(ckpt).__name__}, expected a dict); {_FIX}")
     extra: dict[str, Any] = {}
     state: Any
-    if ckpt.get("format") == "trainlab-checkpoint":
-        models = ckpt.get("models")
-        if not isinstance(models, dict) or "moco" not in models:
-            raise UsageError(f"{path} is a trainlab checkpoint of recipe {ckpt.get('recipe')!r}, not of 'moco'")
-        state = models["moco"]
-        config: dict[str, Any] = ckpt["config"] if isinstance(ckpt.get("config"), dict) else {}
-        backbone = config.get("model", config.get("arch"))  # `arch` and its former values: runs before the registry
-        if isinstance(backbone, str):
-            backbone = FORMER_MOCO_BACKBONES.get(backbone, backbone)
-        extra = {"config": config, "epoch": ckpt.get("epoch"), "arch": backbone}
-    elif "state_dict" in ckpt:
+    if "state_dict" in ckpt:
         if "best_acc1" in ckpt:
             raise UsageError(
                 f"{path} is a linear-classification checkpoint (main_lincls.py format, best_acc1="

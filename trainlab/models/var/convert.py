@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,10 @@ from trainlab.models.var.vqvae import VQVAE, infer_vqvae_config, vqvae_config
 from trainlab.user_files import check_state_dict, load_user_file
 
 log = logging.getLogger(__name__)
+
+Unwrap = Callable[[Any, Path], Any]
+"""A caller's unwrapping of a container this module does not know (a training run's checkpoint): (the loaded file,
+its path) -> the object inside it to read as weights, or the loaded file unchanged."""
 
 # Shape legend: L tokens (all scales), C width, K number of scales.
 
@@ -73,11 +77,14 @@ def _check_inference_keys(state_dict: Mapping[str, Any], ranks: Mapping[str, int
             )
 
 
-def read_state_dict(path: str | os.PathLike[str], what: str) -> dict[str, torch.Tensor]:
+def read_state_dict(
+    path: str | os.PathLike[str], what: str, *, unwrap: Unwrap | None = None
+) -> dict[str, torch.Tensor]:
     """Read a flat name -> tensor mapping from .pth/.pt (`weights_only=True`) or .safetensors, on CPU.
 
-    An official training checkpoint (`ar-ckpt-*.pth`: {'trainer': {'var_wo_ddp', 'vae_local', ...}}) or a trainlab
-    run checkpoint (`ckpt/last.pt`) is unwrapped to the model of the kind named by `what` ("VAR" or "VQVAE").
+    An official training checkpoint (`ar-ckpt-*.pth`: {'trainer': {'var_wo_ddp', 'vae_local', ...}}) is unwrapped to
+    the model of the kind named by `what` ("VAR" or "VQVAE"); other containers by the caller's `unwrap` (a trainlab
+    run's `ckpt/last.pt`: `trainlab.engine.checkpoint.weights_in_checkpoint`).
 
     Raises:
         UsageError: missing, unreadable, or not a state_dict.
@@ -88,14 +95,10 @@ def read_state_dict(path: str | os.PathLike[str], what: str) -> dict[str, torch.
     obj = load_user_file(
         path, f"{what} checkpoint", fix=f"pass a complete weights file (official files: {_OFFICIAL_FILES})"
     )
+    if unwrap is not None:
+        obj = unwrap(obj, path)
     if isinstance(obj, Mapping) and isinstance(obj.get("trainer"), Mapping):
         obj = obj["trainer"].get("var_wo_ddp" if what == "VAR" else "vae_local", obj)
-    if isinstance(obj, Mapping) and obj.get("format") == "trainlab-checkpoint":  # ckpt/last.pt of a trainlab run
-        keys = _VAR_KEYS if what == "VAR" else _VQVAE_KEYS
-        found = [sd for sd in obj.get("models", {}).values() if isinstance(sd, Mapping) and all(k in sd for k in keys)]
-        if len(found) != 1:
-            raise UsageError(f"trainlab checkpoint {path} holds no {what} model; pass the run's exported weights")
-        obj = found[0]
     if not isinstance(obj, Mapping) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise UsageError(f"{path} is not a plain state_dict (name -> tensor); pass an official {what} weights file")
     return dict(obj)
@@ -221,7 +224,12 @@ def build_vqvae(state_dict: Mapping[str, torch.Tensor], patch_nums: Sequence[int
 
 
 def load_official(
-    vae_path: str | os.PathLike[str], var_path: str | os.PathLike[str], *, patch_nums: Sequence[int] | None = None
+    vae_path: str | os.PathLike[str],
+    var_path: str | os.PathLike[str],
+    *,
+    patch_nums: Sequence[int] | None = None,
+    unwrap_vae: Unwrap | None = None,
+    unwrap_var: Unwrap | None = None,
 ) -> tuple[VQVAE, VAR]:
     """Load an official tokenizer + transformer pair (both on CPU, float32, eval mode; the VQVAE frozen).
 
@@ -229,13 +237,14 @@ def load_official(
         vae_path: `vae_ch160v4096z32.pth` (or an export of ours), .pth/.pt/.safetensors.
         var_path: `var_d16.pth` ... `var_d36.pth`, .pth/.pt/.safetensors.
         patch_nums: token-map sides; inferred from the VAR checkpoint when omitted.
+        unwrap_vae, unwrap_var: the caller's unwrapping of containers of the two files (see `read_state_dict`).
 
     Raises:
         UsageError: missing/unreadable files, a checkpoint of the wrong kind, shapes that match no configuration, or
             a tokenizer that does not fit the transformer.
     """
-    var_sd = read_state_dict(var_path, "VAR")
-    vae_sd = read_state_dict(vae_path, "VQVAE")
+    var_sd = read_state_dict(var_path, "VAR", unwrap=unwrap_var)
+    vae_sd = read_state_dict(vae_path, "VQVAE", unwrap=unwrap_vae)
     _check_kind(var_sd, var_path, "VAR")
     _check_kind(vae_sd, vae_path, "VQVAE")
     var = build_var(var_sd, patch_nums, source=f"VAR checkpoint {var_path}")
@@ -280,7 +289,9 @@ def export_official(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_tokenizer(path: str, model: str, patch_nums: Sequence[int], *, seed: int = 0) -> VQVAE:
+def load_tokenizer(
+    path: str, model: str, patch_nums: Sequence[int], *, seed: int = 0, unwrap: Unwrap | None = None
+) -> VQVAE:
     """The frozen tokenizer: eval mode, requires_grad False, float32 on CPU.
 
     Args:
@@ -289,6 +300,7 @@ def load_tokenizer(path: str, model: str, patch_nums: Sequence[int], *, seed: in
             "vqvae_official" = vae_ch160v4096z32, "vqvae_digits", "vqvae_debug").
         patch_nums: the token-map sides VAR is trained on.
         seed: seed of the random debug tokenizer.
+        unwrap: the caller's unwrapping of a container of the file (see `read_state_dict`).
 
     Raises:
         UsageError: missing or unreadable file, or weights that do not fit the architecture.
@@ -307,7 +319,7 @@ def load_tokenizer(path: str, model: str, patch_nums: Sequence[int], *, seed: in
                 tokenizer.quantize.embedding.weight.normal_(0.0, 0.5)
         log.warning("tokenizer: a RANDOM debug VQVAE (no --tokenizer-weights given); only for tests and --debug")
         return tokenizer.freeze()
-    state = read_state_dict(path, "VQVAE")
+    state = read_state_dict(path, "VQVAE", unwrap=unwrap)
     _check_kind(state, path, "VQVAE")
     source = f"tokenizer weights {path}"
     if model == "auto":
@@ -328,11 +340,11 @@ def load_tokenizer(path: str, model: str, patch_nums: Sequence[int], *, seed: in
     return tokenizer.freeze()
 
 
-def load_official_into_(var: VAR, path: Path) -> None:
+def load_official_into_(var: VAR, path: Path, *, unwrap: Unwrap | None = None) -> None:
     """Strictly load official `var_d*.pth` weights into `var` (fine-tuning; one-line UsageError when they do not fit,
-    naming the `trainlab train var` flag to change)."""
+    naming the `trainlab train var` flag to change). `unwrap`: see `read_state_dict`."""
 
-    state = read_state_dict(path, "VAR")
+    state = read_state_dict(path, "VAR", unwrap=unwrap)
     found = infer_var_config(state, var.cfg.patch_nums, source=f"--init-from {path}")
     for field in ("depth", "embed_dim", "num_heads", "shared_adaln", "num_classes", "vocab_size", "vae_embed_dim"):
         have, want = getattr(found, field), getattr(var.cfg, field)
