@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter
 from trainlab.data.image_folder import FolderIndex, ImageFolderDataset
+from trainlab.data.pixel_ops import uint8_view
 from trainlab.data.transforms import random_resized_crop_flip, resize_center_crop
 
 
@@ -92,7 +92,7 @@ class ResizedCropFolder(ImageFolderDataset):
         self.mean, self.std = tuple(mean), tuple(std)
 
     def _transform(self, img: Image.Image, index: int) -> torch.Tensor:
-        x_CHW = TF.pil_to_tensor(img)
+        x_CHW = uint8_view(img)  # cropped and resized on 8-bit pixels
         if self.train:
             return random_resized_crop_flip(
                 x_CHW, self.image_size, seed=self.seed, epoch=self.epoch, index=index, mean=self.mean, std=self.std
