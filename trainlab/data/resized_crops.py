@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
+import torchvision.transforms.v2.functional as TF
 from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter
 from trainlab.data.image_folder import FolderIndex, ImageFolderDataset
-from trainlab.data.pixel_ops import uint8_view
 from trainlab.data.transforms import random_resized_crop_flip, resize_center_crop
 
 
@@ -91,13 +90,17 @@ class ResizedCropFolder(ImageFolderDataset):
         self.train = train
         self.mean, self.std = tuple(mean), tuple(std)
 
-    def _transform(self, img: Image.Image, index: int) -> torch.Tensor:
-        x_CHW = uint8_view(img)  # cropped and resized on 8-bit pixels
+    def _read(self, position: int) -> tuple[int, Any]:
+        if self.train:  # uint8 pixels, cropped and resized before any float conversion
+            return self._reader.read_pixels(position)
+        return self._reader.read(position)
+
+    def _transform(self, img: Any, index: int) -> torch.Tensor:
         if self.train:
             return random_resized_crop_flip(
-                x_CHW, self.image_size, seed=self.seed, epoch=self.epoch, index=index, mean=self.mean, std=self.std
+                img, self.image_size, seed=self.seed, epoch=self.epoch, index=index, mean=self.mean, std=self.std
             )
-        return resize_center_crop(x_CHW, self.image_size, mean=self.mean, std=self.std)
+        return resize_center_crop(TF.pil_to_tensor(img), self.image_size, mean=self.mean, std=self.std)
 
     def describe(self) -> dict[str, Any]:
         """What identifies this dataset's content and transform."""

@@ -18,7 +18,6 @@ from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter
 from trainlab.data.image_folder import FolderIndex, UnreadableSkipper, evenly_spaced, scan_image_folder
-from trainlab.data.pixel_ops import uint8_view
 from trainlab.data.transforms import TwoViews, two_views
 
 log = logging.getLogger(__name__)
@@ -110,5 +109,5 @@ class FolderTwoViews(TwoViewDataset):
         super().set_epoch(epoch)
 
     def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        position, img = self._reader.read(self.positions[index])
-        return uint8_view(img), torch.tensor(self.index.files[position][1], dtype=torch.long)
+        position, pixels_3HW = self._reader.read_pixels(self.positions[index])
+        return pixels_3HW, torch.tensor(self.index.files[position][1], dtype=torch.long)
