@@ -84,7 +84,7 @@ def _trainlab_boxes(crop_min: float, n: int) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("crop_min", [0.08, 0.2])
-def test_crop_boxes_follow_random_resized_crop(crop_min: float):
+def test_crop_boxes_follow_random_resized_crop(crop_min: float) -> None:
     ours, official = _trainlab_boxes(crop_min, N), _official_boxes(crop_min, N)
     for k, name in enumerate(("top", "left", "height", "width")):
         assert _same([b[k] for b in ours], [b[k] for b in official]), name
@@ -92,12 +92,12 @@ def test_crop_boxes_follow_random_resized_crop(crop_min: float):
     assert min(area) >= crop_min * 0.9 and max(area) <= 1.0
 
 
-def test_a_different_crop_scale_fails_the_test():
+def test_a_different_crop_scale_fails_the_test() -> None:
     ours, official = _trainlab_boxes(0.2, N), _official_boxes(0.08, N)
     assert not _same([b[2] * b[3] for b in ours], [b[2] * b[3] for b in official])
 
 
-def test_two_views_draw_the_official_jitter_grey_blur_solarize_and_flip(monkeypatch: pytest.MonkeyPatch):
+def test_two_views_draw_the_official_jitter_grey_blur_solarize_and_flip(monkeypatch: pytest.MonkeyPatch) -> None:
     views = _record_two_views(monkeypatch, N // 2)
     factors: dict[str, list[float]] = defaultdict(list)
     counts: Counter[tuple[int, str]] = Counter()
@@ -130,7 +130,7 @@ def test_two_views_draw_the_official_jitter_grey_blur_solarize_and_flip(monkeypa
     assert _same(sigmas, official_sigmas)
 
 
-def test_var_random_crop_offsets_follow_random_crop():
+def test_var_random_crop_offsets_follow_random_crop() -> None:
     out_h, out_w, side = 288, 384, 256
     ours = [mixed_radix_digits(augment_draws(0, 0, i)[0], out_h - side + 1, out_w - side + 1) for i in range(N)]
     torch.manual_seed(0)
@@ -139,7 +139,7 @@ def test_var_random_crop_offsets_follow_random_crop():
     assert _same([o[1] for o in ours], [o[1] for o in official])
 
 
-def test_linear_probe_crop_and_flip_follow_main_lincls():
+def test_linear_probe_crop_and_flip_follow_main_lincls() -> None:
     draws = [augment_draws(0, 0, i) for i in range(N)]
     ours = [random_resized_crop_box(random.Random(d[0]), HEIGHT, WIDTH, transforms.CROP_MIN) for d in draws]
     official = _official_boxes(0.08, N)
@@ -148,7 +148,7 @@ def test_linear_probe_crop_and_flip_follow_main_lincls():
     assert _rate(sum(d[1] & 1 for d in draws), N, 0.5)
 
 
-def test_cifar_pad_crop_flip_follows_random_crop_padding_4():
+def test_cifar_pad_crop_flip_follows_random_crop_padding_4() -> None:
     ours = [pad_crop_flip_draws(0, 0, i) for i in range(N)]
     torch.manual_seed(0)
     official = [T.RandomCrop.get_params(torch.zeros(3, 40, 40), (32, 32))[:2] for _ in range(N)]

@@ -26,27 +26,27 @@ def _photo(path: Path, width: int = 61, height: int = 47, **save: object) -> Pat
     ("name", "save"),
     [("a.jpg", {"quality": 90}), ("p.jpg", {"quality": 80, "progressive": True}), ("a.png", {}), ("a.webp", {})],
 )
-def test_the_pixels_are_read_images_in_channels_last_memory(tmp_path: Path, name: str, save: dict[str, object]):
+def test_the_pixels_are_read_images_in_channels_last_memory(tmp_path: Path, name: str, save: dict[str, object]) -> None:
     path = _photo(tmp_path / name, **save)
     pixels_3HW = read_image_pixels(path)
     assert pixels_3HW.dtype == torch.uint8 and pixels_3HW.shape == (3, 47, 61) and pixels_3HW.stride()[0] == 1
     assert torch.equal(pixels_3HW, torch.from_numpy(np.array(read_image(path))).permute(2, 0, 1))
 
 
-def test_a_grey_jpeg_gives_three_equal_channels_as_read_image(tmp_path: Path):
+def test_a_grey_jpeg_gives_three_equal_channels_as_read_image(tmp_path: Path) -> None:
     path = tmp_path / "g.jpg"
     Image.fromarray(np.arange(47 * 61, dtype=np.uint8).reshape(47, 61)).save(path)
     assert torch.equal(read_image_pixels(path), torch.from_numpy(np.array(read_image(path))).permute(2, 0, 1))
 
 
-def test_a_truncated_jpeg_is_unreadable(tmp_path: Path):
+def test_a_truncated_jpeg_is_unreadable(tmp_path: Path) -> None:
     path = _photo(tmp_path / "t.jpg", 200, 150, quality=90)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(UnreadableImage, match=r"t\.jpg"):
         read_image_pixels(path)
 
 
-def test_the_pixel_limit_is_checked_from_the_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_pixel_limit_is_checked_from_the_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _photo(tmp_path / "big.jpg", quality=90)
     monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 47 * 61 - 1)
     with pytest.raises(UnreadableImage, match="decompression bomb"):
@@ -54,7 +54,7 @@ def test_the_pixel_limit_is_checked_from_the_header(tmp_path: Path, monkeypatch:
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
-def test_a_fifo_named_jpg_is_refused_at_once(tmp_path: Path):
+def test_a_fifo_named_jpg_is_refused_at_once(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "f.jpg")
     with pytest.raises(UnreadableImage, match="not a regular file"):
         read_image_pixels(tmp_path / "f.jpg")

@@ -20,7 +20,7 @@ def _slow(n: int, seconds: float) -> Iterator[int]:
         yield i
 
 
-def test_the_clock_counts_the_time_inside_next_only():
+def test_the_clock_counts_the_time_inside_next_only() -> None:
     clock = DataWaitClock(_slow(4, 0.02))
     for _ in clock:
         time.sleep(0.02)  # the "step": not waiting for data
@@ -29,7 +29,7 @@ def test_the_clock_counts_the_time_inside_next_only():
     assert clock.window_fraction() < 0.1  # a new window: no waiting since the last call
 
 
-def test_training_logs_the_data_wait_fraction(tmp_path: Path):
+def test_training_logs_the_data_wait_fraction(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     argv = ["train", "toy", "--epochs", "2", "--run-dir", str(run_dir), "--tensorboard", "false"]
     assert main([*argv, "--progress", "false", "--log-every", "1"]) == 0

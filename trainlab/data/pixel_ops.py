@@ -7,11 +7,15 @@
                         HSV -> RGB step written as one expression per channel); equal to it within float rounding
     gaussian_blur       torchvision's `gaussian_blur` (same kernel, reflect padding) as two separable passes of
                         shifted multiply-adds; equal to it within float rounding
+    normalise_uint8     uint8 pixels -> (x / 255 - mean) / std in one multiply-add per pixel (x * 1 / (255 std) -
+                        mean / std); equal to the three steps within float rounding
 
 Shape legend: 3 RGB channels, H/W pixels.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -62,3 +66,12 @@ def gaussian_blur(x_3HW: torch.Tensor, kernel_size: int, sigma: float) -> torch.
     for i in range(1, kernel_size):
         out_3HW.add_(rows[:, i : i + h], alpha=kernel[i])
     return out_3HW
+
+
+def normalise_uint8(x_3HW: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 pixels scaled to [0, 1] and normalised with `mean` / `std`, in the default dtype, in one pass."""
+    dtype = torch.get_default_dtype()
+    std_311 = torch.tensor(std, dtype=torch.float64).view(3, 1, 1)
+    scale_311 = (1.0 / (255.0 * std_311)).to(dtype)
+    offset_311 = (-torch.tensor(mean, dtype=torch.float64).view(3, 1, 1) / std_311).to(dtype)
+    return torch.addcmul(offset_311, x_3HW.to(dtype), scale_311)

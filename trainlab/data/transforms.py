@@ -46,7 +46,7 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 
 from trainlab.data.augment import FlipMode, augment_draws, decide_flip, draw_words, mixed_radix_digits
-from trainlab.data.pixel_ops import adjust_hue, gaussian_blur
+from trainlab.data.pixel_ops import adjust_hue, gaussian_blur, normalise_uint8
 
 CropMode = Literal["random", "center"]
 
@@ -220,10 +220,16 @@ def random_resized_crop_flip(
     """RandomResizedCrop(S) + flip of one image (uint8 or float in [0, 1]), normalised: (3, S, S) float32.
 
     A pure function of (image, image_size, seed, epoch, index, mean, std): word 0 of `augment_draws` seeds the
-    `random.Random` that places the crop, the low bit of word 1 is the flip.
+    `random.Random` that places the crop, the low bit of word 1 is the flip. A uint8 image stays 8-bit until the
+    flipped crop is normalised (`normalise_uint8`, one pass).
     """
     draws = augment_draws(seed, epoch, index)
     top, left, h, w = random_resized_crop_box(random.Random(draws[0]), img_CHW.shape[-2], img_CHW.shape[-1], CROP_MIN)
+    if img_CHW.dtype == torch.uint8:
+        crop_3SS = TF2.resized_crop(img_CHW, top, left, h, w, [image_size, image_size], antialias=True)
+        if decide_flip("random", draws):
+            crop_3SS = TF2.horizontal_flip(crop_3SS)
+        return normalise_uint8(crop_3SS, mean, std)
     x_CSS = crop_to_unit_float(img_CHW, top, left, h, w, image_size)
     if decide_flip("random", draws):
         x_CSS = TF2.horizontal_flip(x_CSS)
