@@ -32,8 +32,10 @@ USAGE = "usage: trainlab bench data RECIPE [--workers N] [--seconds S] [--json] 
 class DataBenchOptions:
     """The data bench's own flags (the others are the recipe's, as `trainlab train RECIPE` takes them)."""
 
-    workers: int = option(0, "loader worker processes (0: read in this process with one torch thread)", ge=0)
-    seconds: float = option(10.0, "seconds to iterate the loader after one warm-up batch", gt=0, le=86400)
+    workers: int = option(
+        0, "loader worker processes (0: read in this process with one torch thread)", metavar="N", ge=0
+    )
+    seconds: float = option(10.0, "seconds to iterate the loader after one warm-up batch", metavar="S", gt=0, le=86400)
     json: bool = option(False, "print the result as JSON instead of the lines")
 
 
