@@ -34,6 +34,7 @@ loader workers). `UnreadableSkipper` holds these rules for every folder dataset 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -51,7 +52,7 @@ from torch.utils.data import Dataset, get_worker_info
 from trainlab.data.augment import EpochCounter, FlipMode, augment_draws
 from trainlab.data.errors import DataError
 from trainlab.data.images import UnreadableImage, read_image, read_image_pixels
-from trainlab.data.transforms import CropMode, var_resize_crop
+from trainlab.data.transforms import RESIZE_RATIO, CropMode, var_resize_crop
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -274,13 +275,14 @@ class UnreadableSkipper:
         self._skips.zero_()
         return skipped
 
-    def read(self, position: int) -> tuple[int, Image.Image]:
+    def read(self, position: int, *, min_short_side: int = 0) -> tuple[int, Image.Image]:
         """(position read, its RGB image): `position` itself, or the next readable one when it is unreadable.
+        `min_short_side` > 0: JPEGs decoded at a reduced scale when they are at least twice that (`read_image`).
 
         Raises:
             DataError: `MAX_CONSECUTIVE_UNREADABLE` unreadable images in a row, or no readable image at all.
         """
-        return self._read(position, read_image)
+        return self._read(position, functools.partial(read_image, min_short_side=min_short_side))
 
     def read_pixels(self, position: int) -> tuple[int, torch.Tensor]:
         """As `read`, the image as uint8 (3, H, W) in channels-last memory (`read_image_pixels`)."""
@@ -387,8 +389,9 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
         return self.positions[index]
 
     def _read(self, position: int) -> tuple[int, Any]:
-        """(position read, its image as `_transform` takes it): a PIL image here (VAR's LANCZOS resize)."""
-        return self._reader.read(position)
+        """(position read, its image as `_transform` takes it): a PIL image here (VAR's LANCZOS resize), decoded at a
+        reduced DCT scale when its shorter side is at least twice the resize target (`read_image`)."""
+        return self._reader.read(position, min_short_side=round(RESIZE_RATIO * self.image_size))
 
     def _transform(self, img: Any, index: int) -> torch.Tensor:
         """Resize, crop and flip one decoded image (sample `index`'s draws for the current epoch)."""
@@ -413,5 +416,6 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
             "image_size": self.image_size,
             "crop": self.crop,
             "flip": self.flip,
+            "jpeg_decode": "reduced-dct",  # large JPEGs decoded at 1/2, 1/4 or 1/8 scale (`_read`)
             **limited,
         }
