@@ -1,4 +1,4 @@
-"""`trainlab bench precision`: the CIFAR-10 precision lab.
+"""`trainlab bench precision`: the CIFAR-10 precision lab (`trainlab bench data`: `trainlab.commands.bench_data`).
 
 Trains the same model under every precision mode the device can run (x seeds), each in a fresh process so peak
 memory is that run's own (CUDA max allocated/reserved on GPU, peak RSS on CPU), then writes a results table
@@ -205,10 +205,15 @@ def _run_locked(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: trainlab bench precision [options] [-- extra `trainlab train cifar` flags]")
-        print("`trainlab bench precision --help` lists the options.")
+        print("       trainlab bench data RECIPE [--workers N] [--seconds S] [--json] [`trainlab train RECIPE` flags]")
+        print("`trainlab bench precision --help` and `trainlab bench data --help` list the options.")
         return 0 if argv else 2
+    if argv[0] == "data":
+        from trainlab.commands import bench_data
+
+        return bench_data.main(argv[1:])
     if argv[0] != "precision":
-        raise UsageError(f"unknown benchmark {argv[0]!r}; available: precision")
+        raise UsageError(f"unknown benchmark {argv[0]!r}; available: precision, data")
     rest = argv[1:]
     extra: list[str] = []
     if "--" in rest:

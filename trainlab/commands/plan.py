@@ -61,7 +61,7 @@ def plan_help(recipe: str) -> str:
 _BOOL_WORDS = ("true", "false", "1", "0", "yes", "no", "on", "off")
 
 
-def _take(argv: list[str], flag: str, is_switch: bool) -> tuple[list[str], str | None]:
+def take_flag(argv: list[str], flag: str, is_switch: bool) -> tuple[list[str], str | None]:
     """Remove `flag` (and its value) from argv; returns the rest and the value (None: not given). A switch may
     stand alone (`--json`: true) or take a true/false word (`--json false`)."""
     rest: list[str] = []
@@ -95,7 +95,7 @@ def take_plan_options(argv: list[str]) -> tuple[PlanOptions, list[str]]:
     values: dict[str, Any] = {}
     rest = list(argv)
     for f in dataclasses.fields(PlanOptions):
-        rest, value = _take(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
+        rest, value = take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
         if value is not None:
             values[f.name] = value
     return from_dict(PlanOptions, values), rest

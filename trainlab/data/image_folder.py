@@ -34,14 +34,16 @@ loader workers). `UnreadableSkipper` holds these rules for every folder dataset 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import stat
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from PIL import Image
@@ -49,11 +51,13 @@ from torch.utils.data import Dataset, get_worker_info
 
 from trainlab.data.augment import EpochCounter, FlipMode, augment_draws
 from trainlab.data.errors import DataError
-from trainlab.data.images import UnreadableImage, read_image
-from trainlab.data.transforms import CropMode, var_resize_crop
+from trainlab.data.images import UnreadableImage, read_image, read_image_pixels
+from trainlab.data.transforms import RESIZE_RATIO, CropMode, var_resize_crop
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 MAX_CONSECUTIVE_UNREADABLE = 64
@@ -271,19 +275,27 @@ class UnreadableSkipper:
         self._skips.zero_()
         return skipped
 
-    def read(self, position: int) -> tuple[int, Image.Image]:
+    def read(self, position: int, *, min_short_side: int = 0) -> tuple[int, Image.Image]:
         """(position read, its RGB image): `position` itself, or the next readable one when it is unreadable.
+        `min_short_side` > 0: JPEGs decoded at a reduced scale when they are at least twice that (`read_image`).
 
         Raises:
             DataError: `MAX_CONSECUTIVE_UNREADABLE` unreadable images in a row, or no readable image at all.
         """
+        return self._read(position, functools.partial(read_image, min_short_side=min_short_side))
+
+    def read_pixels(self, position: int) -> tuple[int, torch.Tensor]:
+        """As `read`, the image as uint8 (3, H, W) in channels-last memory (`read_image_pixels`)."""
+        return self._read(position, read_image_pixels)
+
+    def _read(self, position: int, reader: Callable[[Path], T]) -> tuple[int, T]:
         files = self.index.files
         tries = min(MAX_CONSECUTIVE_UNREADABLE, len(files))
         last: UnreadableImage | None = None
         for offset in range(tries):
             at = (position + offset) % len(files)
             try:
-                return at, read_image(self.index.root / files[at][0])
+                return at, reader(self.index.root / files[at][0])
             except UnreadableImage as err:
                 self._count(at, err)
                 last = err
@@ -376,7 +388,12 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
         """The listing position of sample `index`."""
         return self.positions[index]
 
-    def _transform(self, img: Image.Image, index: int) -> torch.Tensor:
+    def _read(self, position: int) -> tuple[int, Any]:
+        """(position read, its image as `_transform` takes it): a PIL image here (VAR's LANCZOS resize), decoded at a
+        reduced DCT scale when its shorter side is at least twice the resize target (`read_image`)."""
+        return self._reader.read(position, min_short_side=round(RESIZE_RATIO * self.image_size))
+
+    def _transform(self, img: Any, index: int) -> torch.Tensor:
         """Resize, crop and flip one decoded image (sample `index`'s draws for the current epoch)."""
         draws = (
             augment_draws(self.seed, self.epoch, index) if (self.crop == "random" or self.flip == "random") else (0, 0)
@@ -384,7 +401,7 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
         return var_resize_crop(img, self.image_size, crop=self.crop, flip=self.flip, draws=draws)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        position, img = self._reader.read(self._position(index))
+        position, img = self._read(self._position(index))
         label = torch.tensor(self.index.files[position][1], dtype=torch.int64)
         return {"image": self._transform(img, index), "label": label}
 
@@ -399,5 +416,6 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
             "image_size": self.image_size,
             "crop": self.crop,
             "flip": self.flip,
+            "jpeg_decode": "reduced-dct",  # large JPEGs decoded at 1/2, 1/4 or 1/8 scale (`_read`)
             **limited,
         }

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import torchvision.transforms.v2.functional as TF
-from PIL import Image
 from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter
@@ -91,15 +90,19 @@ class ResizedCropFolder(ImageFolderDataset):
         self.train = train
         self.mean, self.std = tuple(mean), tuple(std)
 
-    def _transform(self, img: Image.Image, index: int) -> torch.Tensor:
-        x_CHW = TF.pil_to_tensor(img)
+    def _read(self, position: int) -> tuple[int, Any]:
+        if self.train:  # uint8 pixels, cropped and resized before any float conversion
+            return self._reader.read_pixels(position)
+        return self._reader.read(position)
+
+    def _transform(self, img: Any, index: int) -> torch.Tensor:
         if self.train:
             return random_resized_crop_flip(
-                x_CHW, self.image_size, seed=self.seed, epoch=self.epoch, index=index, mean=self.mean, std=self.std
+                img, self.image_size, seed=self.seed, epoch=self.epoch, index=index, mean=self.mean, std=self.std
             )
-        return resize_center_crop(x_CHW, self.image_size, mean=self.mean, std=self.std)
+        return resize_center_crop(TF.pil_to_tensor(img), self.image_size, mean=self.mean, std=self.std)
 
     def describe(self) -> dict[str, Any]:
         """What identifies this dataset's content and transform."""
-        content = {k: v for k, v in super().describe().items() if k not in ("crop", "flip")}
+        content = {k: v for k, v in super().describe().items() if k not in ("crop", "flip", "jpeg_decode")}
         return {**content, "transform": "random_resized_crop_flip" if self.train else "resize_center_crop"}

@@ -14,7 +14,6 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 import torch
-import torchvision.transforms.v2.functional as TF
 from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter
@@ -27,8 +26,8 @@ log = logging.getLogger(__name__)
 class TwoViewDataset(Dataset[dict[str, torch.Tensor]], ABC):
     """Images as `{"view1": (3, S, S), "view2": (3, S, S), "label": int64}` (the label only for monitoring).
 
-    Subclasses provide `_sample(index)`: the image, (3, H, W) in [0, 1] in the default dtype (float32), and its
-    class id. Call `set_epoch` before each epoch.
+    Subclasses provide `_sample(index)`: the image, (3, H, W) uint8 or in [0, 1] in the default dtype (float32),
+    and its class id. Call `set_epoch` before each epoch.
     """
 
     def __init__(self, spec: TwoViews, *, seed: int) -> None:
@@ -41,8 +40,8 @@ class TwoViewDataset(Dataset[dict[str, torch.Tensor]], ABC):
 
     @abstractmethod
     def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample `index`: (3, H, W) in [0, 1] in the default dtype, and its class id (int64 scalar, for monitoring
-        only)."""
+        """Sample `index`: (3, H, W) uint8 or in [0, 1] in the default dtype, and its class id (int64 scalar, for
+        monitoring only)."""
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         img_CHW, label = self._sample(index)
@@ -110,6 +109,5 @@ class FolderTwoViews(TwoViewDataset):
         super().set_epoch(epoch)
 
     def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        position, img = self._reader.read(self.positions[index])
-        img_CHW = TF.to_dtype(TF.pil_to_tensor(img), torch.get_default_dtype(), scale=True)
-        return img_CHW, torch.tensor(self.index.files[position][1], dtype=torch.long)
+        position, pixels_3HW = self._reader.read_pixels(self.positions[index])
+        return pixels_3HW, torch.tensor(self.index.files[position][1], dtype=torch.long)

@@ -21,9 +21,12 @@ Randomness: every random choice is a pure function of (seed, epoch, sample index
     pad_crop_flip                               one word: crop top, crop left and flip as mixed-radix digits
 
 Resizing: `var_resize_crop` resizes PIL images (LANCZOS, as the official VAR); the crops of tensors resize bilinearly
-with antialias, where the official code resizes PIL images (bilinear). Two views: the blur runs on tensors with
-kernel 2*ceil(3*sigma)+1 (capped to the image), where the official code calls PIL's `GaussianBlur(radius=sigma)`:
-the same Gaussian, a different truncation.
+with antialias, where the official code resizes PIL images (bilinear). Random crops of uint8 images are resized on
+their 8-bit pixels, then converted to float (`crop_to_unit_float`: torch's uint8 kernels on channels-last memory,
+`pixel_ops.uint8_view`), as the official PIL pipelines do; `resize_center_crop` (evaluation) resizes in float.
+Two views: the blur runs on tensors with kernel 2*ceil(3*sigma)+1 (capped to the image), where the official code
+calls PIL's `GaussianBlur(radius=sigma)`: the same Gaussian, a different truncation. Hue and blur are
+`trainlab.data.pixel_ops`' (torchvision's formulas, equal to them within float rounding, faster on one core).
 
 Shape legend: C channels (3), H/W pixels, R / S output side, N images.
 """
@@ -43,6 +46,7 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 
 from trainlab.data.augment import FlipMode, augment_draws, decide_flip, draw_words, mixed_radix_digits
+from trainlab.data.pixel_ops import adjust_hue, gaussian_blur, normalise_uint8
 
 CropMode = Literal["random", "center"]
 
@@ -174,6 +178,14 @@ def to_unit_float(img_CHW: torch.Tensor) -> torch.Tensor:
     return img_CHW.to(dtype).div(255.0) if img_CHW.dtype == torch.uint8 else img_CHW.to(dtype)
 
 
+def crop_to_unit_float(img_CHW: torch.Tensor, top: int, left: int, h: int, w: int, size: int) -> torch.Tensor:
+    """The (top, left, h, w) crop of a uint8 or [0, 1] float image resized to (size, size) (bilinear, antialiased),
+    as float in [0, 1] (the default dtype). uint8 images are cropped and resized on their 8-bit pixels (rounded
+    once, by the resize), then converted: the crop is all that is converted to float."""
+    x_CSS = TF2.resized_crop(img_CHW, top, left, h, w, [size, size], antialias=True)
+    return to_unit_float(x_CSS) if img_CHW.dtype == torch.uint8 else x_CSS.clamp(0.0, 1.0)
+
+
 def random_resized_crop_box(rng: random.Random, height: int, width: int, crop_min: float) -> tuple[int, int, int, int]:
     """torchvision's RandomResizedCrop.get_params with `rng`: (top, left, h, w)."""
     area = height * width
@@ -208,12 +220,17 @@ def random_resized_crop_flip(
     """RandomResizedCrop(S) + flip of one image (uint8 or float in [0, 1]), normalised: (3, S, S) float32.
 
     A pure function of (image, image_size, seed, epoch, index, mean, std): word 0 of `augment_draws` seeds the
-    `random.Random` that places the crop, the low bit of word 1 is the flip.
+    `random.Random` that places the crop, the low bit of word 1 is the flip. A uint8 image stays 8-bit until the
+    flipped crop is normalised (`normalise_uint8`, one pass).
     """
     draws = augment_draws(seed, epoch, index)
-    x_CHW = to_unit_float(img_CHW)
-    top, left, h, w = random_resized_crop_box(random.Random(draws[0]), x_CHW.shape[-2], x_CHW.shape[-1], CROP_MIN)
-    x_CSS = TF2.resized_crop(x_CHW, top, left, h, w, [image_size, image_size], antialias=True).clamp(0.0, 1.0)
+    top, left, h, w = random_resized_crop_box(random.Random(draws[0]), img_CHW.shape[-2], img_CHW.shape[-1], CROP_MIN)
+    if img_CHW.dtype == torch.uint8:
+        crop_3SS = TF2.resized_crop(img_CHW, top, left, h, w, [image_size, image_size], antialias=True)
+        if decide_flip("random", draws):
+            crop_3SS = TF2.horizontal_flip(crop_3SS)
+        return normalise_uint8(crop_3SS, mean, std)
+    x_CSS = crop_to_unit_float(img_CHW, top, left, h, w, image_size)
     if decide_flip("random", draws):
         x_CSS = TF2.horizontal_flip(x_CSS)
     return TF2.normalize(x_CSS, list(mean), list(std))
@@ -231,14 +248,15 @@ def resize_center_crop(
 def one_view(
     img_CHW: torch.Tensor, rng: random.Random, spec: TwoViews, *, p_blur: float, p_solarize: float
 ) -> torch.Tensor:
-    """One augmented view of a float image in [0, 1] (C, H, W), normalised; consumes `rng` in a fixed order.
+    """One augmented view of a uint8 or [0, 1] float image (C, H, W), normalised; consumes `rng` in a fixed order.
+
+    The crop is resized before any float conversion (`crop_to_unit_float`); the adjustments run on the float crop.
 
     RandomResizedCrop(S, scale=(crop_min, 1)), ColorJitter(0.4, 0.4, 0.2, 0.1) with p 0.8 (the four adjustments in
     a random order, as torchvision does), RandomGrayscale p 0.2, blur, solarize (threshold 128/255), flip p 0.5.
     """
     top, left, h, w = random_resized_crop_box(rng, img_CHW.shape[-2], img_CHW.shape[-1], spec.crop_min)
-    x_CSS = TF2.resized_crop(img_CHW, top, left, h, w, [spec.image_size, spec.image_size], antialias=True)
-    x_CSS = x_CSS.clamp(0.0, 1.0)
+    x_CSS = crop_to_unit_float(img_CHW, top, left, h, w, spec.image_size)
     if rng.random() < 0.8:  # colour jitter, the four adjustments in a random order
         order = rng.sample(range(4), 4)
         brightness, contrast = rng.uniform(0.6, 1.4), rng.uniform(0.6, 1.4)
@@ -251,13 +269,13 @@ def one_view(
             elif op == 2:
                 x_CSS = TF2.adjust_saturation(x_CSS, saturation)
             else:
-                x_CSS = TF2.adjust_hue(x_CSS, hue)
+                x_CSS = adjust_hue(x_CSS, hue)
     if rng.random() < 0.2:
         x_CSS = TF2.rgb_to_grayscale(x_CSS, num_output_channels=3)
     if rng.random() < p_blur:
         sigma = rng.uniform(0.1, 2.0)
         kernel = min(2 * math.ceil(3 * sigma) + 1, spec.image_size - (1 - spec.image_size % 2))
-        x_CSS = TF2.gaussian_blur(x_CSS, [kernel, kernel], [sigma, sigma])
+        x_CSS = gaussian_blur(x_CSS, kernel, sigma)
     if rng.random() < p_solarize:
         x_CSS = TF2.solarize(x_CSS, threshold=128 / 255)
     if rng.random() < 0.5:

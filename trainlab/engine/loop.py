@@ -30,6 +30,7 @@ from trainlab.config import to_dict
 from trainlab.engine.assemble import Assembly, assemble
 from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, Progress, non_finite_weights
 from trainlab.engine.compile import check_compile_toolchain
+from trainlab.engine.data_wait import DataWaitClock
 from trainlab.engine.device import resolve_device
 from trainlab.engine.health import HealthMonitor
 from trainlab.engine.host_allocator import host_allocator
@@ -117,6 +118,7 @@ class Trainer:
         self._stop_at_step: int | None = None
         self._rss_at_start = 0
         self._skipped_in_a_row = 0
+        self._data_wait_seconds: list[float] = []  # per full epoch, as the epoch times
         self._resumed_rng: dict[str, Any] | None = None
         self._bar = RunProgress(0, 0, cfg.batch_size, enabled=False, log_every=cfg.log_every)  # fit() opens its own
         try:
@@ -418,7 +420,7 @@ class Trainer:
             set_epoch(epoch)
         for model in self.parts.models.values():
             model.train()  # frozen and averaged models stay in eval mode
-        iterator = iter(self.loader)
+        iterator = DataWaitClock(iter(self.loader))
         synchronize(self.device)
         t0 = time.perf_counter()
         steps_done = 0
@@ -449,6 +451,7 @@ class Trainer:
                     self._dump_memory_snapshot()
                 if self._logs_step(self.progress.step) or self.progress.step == self.length.stop_step:
                     averaged = dist.all_reduce_mean(metrics, self.device)
+                    averaged["data_wait_fraction"] = iterator.window_fraction()
                     logger.log("train", self.progress.step, epoch, averaged)
                 stop_now = dist.any_rank(stop.requested, self.device)
                 reached_max = self._hit_max_steps() or (
@@ -471,6 +474,8 @@ class Trainer:
             synchronize(self.device)
         elapsed = time.perf_counter() - t0
         full_epoch = start == 0 and self.progress.step_in_epoch == self.steps_per_epoch
+        if full_epoch:
+            self._data_wait_seconds.append(iterator.waited)
         if self.progress.step_in_epoch == self.steps_per_epoch:
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
@@ -557,6 +562,9 @@ class Trainer:
                 "seconds_per_epoch"
             ]
             summary["epochs_timed"] = len(timed)
+            waited = self._data_wait_seconds[-len(timed) :]
+            if len(waited) == len(timed):
+                summary["data_wait_fraction"] = sum(waited) / sum(timed)
         summary.update({f"final_{k}": v for k, v in last_eval.items()})
         if self.progress.best_score is not None and self.recipe.best_metric:
             summary[f"best_{self.recipe.best_metric}"] = self.progress.best_score

@@ -1,0 +1,134 @@
+"""`trainlab bench data RECIPE [flags of trainlab train RECIPE] [--workers N] [--seconds S] [--json]`: how fast the
+recipe's real training loader delivers samples, in total and per CPU core.
+
+The recipe is built as `trainlab train RECIPE` with the same flags would build it (on the CPU: only its data is
+used), then its training dataset is iterated through the engine's own loader (`trainlab.engine.sampler`: the step
+sampler, the seeded workers) for `--seconds` after one warm-up batch (worker start-up and file cache are not
+timed), epoch after epoch. `--workers 0` reads in this process with one torch thread: the per-core rate of the
+pipeline itself. With N workers the per-core rate is samples/s / N (each worker is one process on its own core when
+the machine has N free cores; on fewer cores the division understates it).
+
+Printed: samples/s, samples/s per core, the workers, and each sample tensor's shape (the batch dimension left out);
+`--json` gives the same as `samples_per_second`, `samples_per_second_per_core`, `workers`, `sample_shapes` (name ->
+shape), `batches`, `seconds`. No model is trained and nothing is logged to the run directory (a recipe's data
+preparation writes what it writes for training, e.g. the CIFAR-format files of kind fake).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+from trainlab.commands.plan import take_flag
+from trainlab.config import flags_help, from_dict, option, parse
+from trainlab.recipes import check_recipe, get_recipe, list_recipes
+
+USAGE = "usage: trainlab bench data RECIPE [--workers N] [--seconds S] [--json] [flags of `trainlab train RECIPE`]"
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataBenchOptions:
+    """The data bench's own flags (the others are the recipe's, as `trainlab train RECIPE` takes them)."""
+
+    workers: int = option(
+        0, "loader worker processes (0: read in this process with one torch thread)", metavar="N", ge=0
+    )
+    seconds: float = option(10.0, "seconds to iterate the loader after one warm-up batch", metavar="S", gt=0, le=86400)
+    json: bool = option(False, "print the result as JSON instead of the lines")
+
+
+def take_bench_options(argv: list[str]) -> tuple[DataBenchOptions, list[str]]:
+    """The bench's flags (typed and range-checked) and the rest of `argv` (the recipe's flags)."""
+    values: dict[str, Any] = {}
+    rest = list(argv)
+    for f in dataclasses.fields(DataBenchOptions):
+        rest, value = take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
+        if value is not None:
+            values[f.name] = value
+    return from_dict(DataBenchOptions, values), rest
+
+
+def measure_loader(loader: Any, dataset: Any, seconds: float) -> dict[str, Any]:
+    """Iterate `loader` (epoch after epoch, `set_epoch` on the dataset and sampler) for `seconds` after one warm-up
+    batch: samples/s, the batches timed and each sample tensor's shape."""
+    epoch = 0
+
+    def epochs() -> Any:
+        nonlocal epoch
+        while True:
+            for target in (dataset, loader.batch_sampler):
+                if hasattr(target, "set_epoch"):
+                    target.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    batches = epochs()
+    first = next(batches)
+    shapes = {name: list(value.shape[1:]) for name, value in first.items()}
+    samples = count = 0
+    began = time.perf_counter()
+    while (elapsed := time.perf_counter() - began) < seconds:
+        batch = next(batches)
+        samples += len(next(iter(batch.values())))
+        count += 1
+    return {"samples_per_second": samples / elapsed, "sample_shapes": shapes, "batches": count, "seconds": elapsed}
+
+
+def run(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any]:
+    import torch
+
+    from trainlab.engine.sampler import StepBatchSampler, build_loader
+
+    if options.workers == 0:
+        torch.set_num_threads(1)
+    cpu = torch.device("cpu")
+    recipe = get_recipe(name)(config)
+    dataset = recipe.build_data(recipe.build(cpu), cpu)
+    sampler = StepBatchSampler(
+        len(dataset),  # type: ignore[arg-type]
+        batch_size=config.batch_size,
+        accumulation=config.grad_accumulation,
+        rank=0,
+        world=1,
+        seed=config.seed,
+    )
+    loader = build_loader(dataset, sampler, num_workers=options.workers, seed=config.seed, pin_memory=False)
+    result = measure_loader(loader, dataset, options.seconds)
+    cores = max(options.workers, 1)
+    return {
+        "recipe": name,
+        "samples_per_second": round(result["samples_per_second"], 2),
+        "samples_per_second_per_core": round(result["samples_per_second"] / cores, 2),
+        "workers": options.workers,
+        **{k: v for k, v in result.items() if k != "samples_per_second"},
+    }
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        print(f"\nbench flags:\n{flags_help(DataBenchOptions)}")
+        print(f"\nrecipes: {', '.join(list_recipes())}; `trainlab bench data RECIPE --help` adds the recipe's flags")
+        return 0 if argv else 2
+    name = argv[0]
+    check_recipe(name)
+    options, rest = take_bench_options(argv[1:])  # checked before the recipe (and torch) is imported
+    config = parse(
+        get_recipe(name).config_class,
+        rest,
+        prog=f"trainlab bench data {name}",
+        description=f"{__doc__.split(chr(10) + chr(10))[1]}\n\nbench flags:\n{flags_help(DataBenchOptions)}",
+        usage=USAGE.removeprefix("usage: ").replace("RECIPE", name),
+    )
+    result = run(name, options, config)
+    if options.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    shapes = ", ".join(f"{k} {tuple(v)}" for k, v in result["sample_shapes"].items())
+    print(
+        f"{name}: {result['samples_per_second']:.1f} samples/s, {result['samples_per_second_per_core']:.1f} per core "
+        f"({result['workers']} worker(s), {result['batches']} batches in {result['seconds']:.1f} s); samples: {shapes}"
+    )
+    return 0
