@@ -6,6 +6,9 @@ else: devices, precision, accumulation, DDP, clipping, schedules, checkpoints, l
     build(device)            -> TrainParts: trained models, frozen models, one `Phase` (optimizer) per trained group;
                                 touches no data, so a planner can build the models and trace a step on fake tensors
     build_data(parts, device) -> the training `Dataset` of `Batch`es (may use the frozen models, e.g. a token cache)
+    per optimizer step, per active phase:
+        first_pass(models, micro_batches, phase, info) where `has_first_pass(phase, info)`: sees every micro-batch
+                                of the step before the first train_step (MoCo's keys of the whole optimizer batch)
     per optimizer step, per active phase, per micro-batch:
         train_step(models, batch, phase, info) -> {"loss": scalar tensor, **metrics}
     after each phase's optimizer.step():
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -266,6 +269,17 @@ class Recipe(ABC, Generic[ConfigT]):
         """Called once per optimizer step of `phase`, right after `optimizer.step()` (momentum encoders, EMA
         codebooks, code restarts). Runs on every rank; returns extra metrics of the step. Default: nothing."""
         return {}
+
+    def has_first_pass(self, phase: str, info: StepInfo) -> bool:
+        """Whether `first_pass` runs before this optimizer step's micro-steps of `phase` (then the engine keeps the
+        micro-batches' host copies and hands them to the device twice). Default: no."""
+        return False
+
+    def first_pass(
+        self, models: Mapping[str, nn.Module], micro_batches: Iterable[Batch], phase: str, info: StepInfo
+    ) -> None:
+        """Sees every micro-batch of the optimizer step, in order, before the first `train_step` (under the precision
+        mode's autocast, no gradient recorded); whatever it computes, `train_step` uses. Default: nothing."""
 
     def phase_active(self, phase: str, step: int) -> bool:
         """Whether `phase` trains at optimizer step `step` (e.g. a discriminator that starts late)."""

@@ -8,6 +8,12 @@ update the official forward of iteration s + 1 applies between its queries and i
 same at both moments), so the losses are the official ones. Iteration 0's update (a no-op up to rounding) runs at
 the start of step 0, and none runs after the last step, so the final weights are the official ones too.
 
+Keys under accumulation or several processes (`--moco-keys`): `full-batch` (the default) scores every query against
+the keys of the whole optimizer batch, every micro-batch of every process, as the official single large batch does
+(`models/moco/batch_keys.py`: keys first, without gradient, then each micro-batch's queries); `micro-batch` against
+its own micro-batch's keys only (on one process: a smaller-batch loss). Either way BatchNorm normalises each
+micro-batch by its own statistics (the official SyncBatchNorm: the whole global batch's).
+
 Learning rate: base x global batch / 256 (official), warm-up then cosine per iteration (the engine's schedule;
 set `schedule.warmup_fraction` = warm-up epochs / epochs). Evaluation: weighted kNN (cosine, k=200, T=0.1) of the
 base encoder's backbone features, held-out queries against the un-augmented training set (a bank and queries of at
@@ -19,7 +25,8 @@ Shape legend: B batch, C channels, H/W pixels, N images, F feature width.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,10 +53,14 @@ from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.evaluate.knn import extract_features, knn_accuracy
 from trainlab.models.moco import MOCO_ARCHS, MoCo, MocoArch, cosine_momentum, official_checkpoint
+from trainlab.models.moco.batch_keys import OptimizerBatchKeys, optimizer_batch_keys
 from trainlab.models.moco.vit import check_vit_image_size
 from trainlab.optim import LARS
 
+log = logging.getLogger(__name__)
+
 OptimizerName = Literal["lars", "adamw"]
+MocoKeys = Literal["full-batch", "micro-batch"]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -90,6 +101,11 @@ class MocoConfig(TrainConfig):
     base_learning_rate: float = option(0.6, "learning rate per 256 images; lr = base x batch_size / 256 (--lr)", gt=0)
     weight_decay: float = option(1e-6, "weight decay (official --wd: LARS 1e-6, AdamW 0.1)", ge=0)
     optimizer_momentum: float = option(0.9, "LARS momentum", ge=0, lt=1)
+    moco_keys: MocoKeys = option(
+        "full-batch",
+        "keys each query is scored against when the batch is split over micro-batches or processes: full-batch (those "
+        "of the whole optimizer batch: the large batch's loss) or micro-batch (its own micro-batch's only)",
+    )
     sync_batchnorm: bool = option(True, "SyncBatchNorm when distributed on CUDA (as the official code)")
     batch_size: int = option(512, "global batch per optimizer step (official 4096)", gt=0)
     epochs: int = option(100, "number of epochs", ge=1)
@@ -155,6 +171,7 @@ class MocoRecipe(Recipe[MocoConfig]):
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
         self._eval_images: EvalImages | None = None
+        self._step_keys: OptimizerBatchKeys | None = None  # full-batch keys of the current optimizer step
 
     def learning_rate(self) -> float:
         """The official linear scaling: base x global batch / 256."""
@@ -171,7 +188,19 @@ class MocoRecipe(Recipe[MocoConfig]):
             stop_grad_conv1=c.stop_grad_conv1,
         )
         model.set_activation_checkpointing(c.activation_checkpointing)
-        if dist.world_size() > 1:
+        split = dist.world_size() * c.grad_accumulation
+        if split > 1:
+            log.info(
+                "moco keys: %s (each query against %s); BatchNorm statistics of each %s",
+                c.moco_keys,
+                f"the {c.batch_size} keys of the optimizer batch"
+                if c.moco_keys == "full-batch"
+                else f"the {c.batch_size // split} keys of its own micro-batch",
+                "global batch (SyncBatchNorm)"
+                if dist.world_size() > 1 and c.sync_batchnorm and device.type == "cuda" and c.grad_accumulation == 1
+                else f"micro-batch of {c.batch_size // split}, not of the optimizer batch",
+            )
+        if dist.world_size() > 1 and c.moco_keys == "full-batch":
             model.gather_keys = dist.gather_keys
             if c.sync_batchnorm and device.type == "cuda":
                 model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -205,7 +234,27 @@ class MocoRecipe(Recipe[MocoConfig]):
         c = self.config
         return cosine_momentum(step, total_steps, c.momentum) if c.momentum_cosine else c.momentum
 
+    def has_first_pass(self, phase: str, info: StepInfo) -> bool:
+        """Full-batch keys of a step split into micro-batches: the keys of every micro-batch come first."""
+        return self.config.moco_keys == "full-batch" and info.num_micro_steps > 1
+
+    def first_pass(
+        self, models: Mapping[str, nn.Module], micro_batches: Iterable[Batch], phase: str, info: StepInfo
+    ) -> None:
+        """The momentum update of step 0 (later steps': after the previous step), then the optimizer batch's keys."""
+        model = _unwrap(models["moco"])
+        if info.step == 0:  # iteration 0's update (the official forward runs it too)
+            model.update_momentum_encoder(self.momentum_at(0, info.total_steps))
+        views = ((batch["view1"], batch["view2"]) for batch in micro_batches)
+        self._step_keys = optimizer_batch_keys(model.momentum_encoder, views, model.gather_keys)
+
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        if self.has_first_pass(phase, info):
+            assert self._step_keys is not None, "first_pass did not run"
+            keys = self._step_keys.of_micro_batch(info.micro_step)
+            if info.micro_step == info.num_micro_steps - 1:
+                self._step_keys = None  # the last micro-batch: the keys are not kept past the step
+            return {"loss": models["moco"](batch["view1"], batch["view2"], keys=keys)}
         if info.step == 0 and info.micro_step == 0:  # iteration 0's update (the official forward runs it too)
             _unwrap(models["moco"]).update_momentum_encoder(self.momentum_at(0, info.total_steps))
         loss = models["moco"](batch["view1"], batch["view2"])
