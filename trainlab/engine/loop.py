@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainlab import dist
 from trainlab.config import to_dict
+from trainlab.engine.batchnorm_momentum import decay_per_optimizer_step_, describe_per_micro_batch
 from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, load_checkpoint, non_finite_weights
 from trainlab.engine.compile import check_compile_toolchain, compile_for_training
 from trainlab.engine.data import StepBatchSampler, build_loader
@@ -128,6 +129,14 @@ class Trainer:
             self._release_run_dir()
             raise
 
+    def _set_batchnorm_decay(self) -> None:
+        """BatchNorm momentum under accumulation (engine/batchnorm_momentum.py), logged either way."""
+        k, models = self.config.grad_accumulation, self.parts.models.values()
+        if self.config.batchnorm_decay == "per-optimizer-step":
+            log.info(decay_per_optimizer_step_(models, k))
+        elif (line := describe_per_micro_batch(models, k)) is not None:
+            log.info(line)
+
     def _build(self, compiler: str) -> None:
         recipe, cfg = self.recipe, self.config
         if self.device.type == "cpu":
@@ -149,6 +158,8 @@ class Trainer:
                 self.parts.models[name] = model.to(self.device)
             for name, model in self.parts.frozen.items():
                 self.parts.frozen[name] = model.to(self.device).eval().requires_grad_(False)
+            if cfg.grad_accumulation > 1:
+                self._set_batchnorm_decay()
             self.phases: list[Phase] = self.parts.phases
             if not self.phases:
                 raise ValueError(f"recipe {recipe.name} built no optimizer phase")

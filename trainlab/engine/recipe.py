@@ -95,6 +95,12 @@ class TrainConfig:
     max_steps: int = option(-1, "stop after this many optimizer steps (-1: run all epochs)", ge=1, sentinels=(-1,))
     batch_size: int = option(128, "global batch per optimizer step (all processes x accumulation steps)", gt=0)
     grad_accumulation: int = option(1, "micro-steps per optimizer step (same gradients as the large batch)", ge=1)
+    batchnorm_decay: Literal["per-micro-batch", "per-optimizer-step"] = option(
+        "per-micro-batch",
+        "under --grad-accumulation k: BatchNorm running statistics decay by momentum m at each micro-batch "
+        "(per-micro-batch) or by m once per optimizer step as the large batch's (per-optimizer-step: m becomes "
+        "1 - (1 - m)^(1/k))",
+    )
     clip_grad_norm: float = option(0.0, "clip the total gradient norm to this value after unscaling (0: no clip)", ge=0)
     schedule: ScheduleConfig = option(ScheduleConfig(), "learning-rate schedule")
     num_workers: int = option(0, "DataLoader worker processes", ge=0)
