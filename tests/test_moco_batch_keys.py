@@ -13,16 +13,18 @@ and a run resumed between optimizer steps is bit-exact.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.models.moco import MoCo
-from trainlab.recipes.moco import MocoConfig, MocoRecipe
+from trainlab.recipes.moco import MocoConfig, MocoRecipe, log_keys
 
 BATCH = 16
 
@@ -95,3 +97,14 @@ def test_resume_between_optimizer_steps_is_bit_exact(tmp_path: Path) -> None:
     recipe = MocoRecipe(_config(tmp_path / "run", grad_accumulation=4))
     report = run_debug_check(MocoRecipe, recipe, tmp_path / "run" / "debug")
     assert report.passed and report.max_loss_difference == 0.0 and report.weights_identical
+
+
+def test_the_log_says_what_a_query_sees_and_what_batchnorm_normalises_by(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="trainlab.recipes.moco")
+    log_keys(_config(Path("unused"), grad_accumulation=4), world=1, sync_batchnorm=False)
+    assert "--moco-keys full-batch: each query against 16 keys" in caplog.text
+    assert "BatchNorm statistics of 4 images (the logits are the large batch's up to BatchNorm)" in caplog.text
+    caplog.clear()
+    log_keys(_config(Path("unused"), moco_keys="micro-batch"), world=2, sync_batchnorm=True)
+    assert "--moco-keys micro-batch: each query against 8 keys" in caplog.text
+    assert "BatchNorm statistics of 16 images" in caplog.text and "up to BatchNorm" not in caplog.text

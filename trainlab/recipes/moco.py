@@ -155,6 +155,23 @@ def knn_of_features(
     )
 
 
+def log_keys(c: MocoConfig, world: int, sync_batchnorm: bool) -> None:
+    """Log what a query is scored against and what BatchNorm normalises by, when the batch is split."""
+    split = world * c.grad_accumulation
+    if split == 1:
+        return
+    keys = c.batch_size if c.moco_keys == "full-batch" else c.batch_size // split
+    normalised = c.batch_size // c.grad_accumulation if sync_batchnorm else c.batch_size // split
+    log.info(
+        "--moco-keys %s: each query against %d keys (the optimizer batch: %d); BatchNorm statistics of %d images%s",
+        c.moco_keys,
+        keys,
+        c.batch_size,
+        normalised,
+        "" if normalised == c.batch_size else " (the logits are the large batch's up to BatchNorm)",
+    )
+
+
 def _unwrap(model: nn.Module) -> MoCo:
     inner = unwrap_model(model)
     assert isinstance(inner, MoCo), type(inner)
@@ -188,22 +205,12 @@ class MocoRecipe(Recipe[MocoConfig]):
             stop_grad_conv1=c.stop_grad_conv1,
         )
         model.set_activation_checkpointing(c.activation_checkpointing)
-        split = dist.world_size() * c.grad_accumulation
-        if split > 1:
-            log.info(
-                "moco keys: %s (each query against %s); BatchNorm statistics of each %s",
-                c.moco_keys,
-                f"the {c.batch_size} keys of the optimizer batch"
-                if c.moco_keys == "full-batch"
-                else f"the {c.batch_size // split} keys of its own micro-batch",
-                "global batch (SyncBatchNorm)"
-                if dist.world_size() > 1 and c.sync_batchnorm and device.type == "cuda" and c.grad_accumulation == 1
-                else f"micro-batch of {c.batch_size // split}, not of the optimizer batch",
-            )
+        sync_batchnorm = dist.world_size() > 1 and c.sync_batchnorm and device.type == "cuda"
+        log_keys(c, dist.world_size(), sync_batchnorm)
         if dist.world_size() > 1 and c.moco_keys == "full-batch":
             model.gather_keys = dist.gather_keys
-            if c.sync_batchnorm and device.type == "cuda":
-                model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer: torch.optim.Optimizer
