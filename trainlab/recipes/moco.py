@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+import trainlab.models.moco.batch_keys as moco_batch_keys
 from trainlab import dist
 from trainlab.config import option
 from trainlab.data.config import (
@@ -53,14 +54,10 @@ from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.evaluate.knn import extract_features, knn_accuracy
 from trainlab.models.moco import MOCO_ARCHS, MoCo, MocoArch, cosine_momentum, official_checkpoint
-from trainlab.models.moco.batch_keys import OptimizerBatchKeys, optimizer_batch_keys
 from trainlab.models.moco.vit import check_vit_image_size
 from trainlab.optim import LARS
 
-log = logging.getLogger(__name__)
-
 OptimizerName = Literal["lars", "adamw"]
-MocoKeys = Literal["full-batch", "micro-batch"]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -101,13 +98,13 @@ class MocoConfig(TrainConfig):
     base_learning_rate: float = option(0.6, "learning rate per 256 images; lr = base x batch_size / 256 (--lr)", gt=0)
     weight_decay: float = option(1e-6, "weight decay (official --wd: LARS 1e-6, AdamW 0.1)", ge=0)
     optimizer_momentum: float = option(0.9, "LARS momentum", ge=0, lt=1)
-    moco_keys: MocoKeys = option(
+    sync_batchnorm: bool = option(True, "SyncBatchNorm when distributed on CUDA (as the official code)")
+    batch_size: int = option(512, "global batch per optimizer step (official 4096)", gt=0)
+    moco_keys: moco_batch_keys.MocoKeys = option(
         "full-batch",
         "keys each query is scored against when the batch is split over micro-batches or processes: full-batch (those "
         "of the whole optimizer batch: the large batch's loss) or micro-batch (its own micro-batch's only)",
     )
-    sync_batchnorm: bool = option(True, "SyncBatchNorm when distributed on CUDA (as the official code)")
-    batch_size: int = option(512, "global batch per optimizer step (official 4096)", gt=0)
     epochs: int = option(100, "number of epochs", ge=1)
     schedule: ScheduleConfig = option(
         ScheduleConfig(kind="cosine", warmup_fraction=0.1), "per-iteration warm-up (fraction of steps) then cosine"
@@ -155,6 +152,9 @@ def knn_of_features(
     )
 
 
+log = logging.getLogger(__name__)
+
+
 def log_keys(c: MocoConfig, world: int, sync_batchnorm: bool) -> None:
     """Log what a query is scored against and what BatchNorm normalises by, when the batch is split."""
     split = world * c.grad_accumulation
@@ -188,7 +188,9 @@ class MocoRecipe(Recipe[MocoConfig]):
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
         self._eval_images: EvalImages | None = None
-        self._step_keys: OptimizerBatchKeys | None = None  # full-batch keys of the current optimizer step
+        self._step_keys: moco_batch_keys.OptimizerBatchKeys | None = (
+            None  # full-batch keys of the current optimizer step
+        )
 
     def learning_rate(self) -> float:
         """The official linear scaling: base x global batch / 256."""
@@ -205,12 +207,13 @@ class MocoRecipe(Recipe[MocoConfig]):
             stop_grad_conv1=c.stop_grad_conv1,
         )
         model.set_activation_checkpointing(c.activation_checkpointing)
-        sync_batchnorm = dist.world_size() > 1 and c.sync_batchnorm and device.type == "cuda"
-        log_keys(c, dist.world_size(), sync_batchnorm)
-        if dist.world_size() > 1 and c.moco_keys == "full-batch":
+        if dist.world_size() > 1:
             model.gather_keys = dist.gather_keys
-        if sync_batchnorm:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            if c.sync_batchnorm and device.type == "cuda":
+                model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if c.moco_keys == "micro-batch":  # each process's (micro-)batch against its own keys only: no gather
+            _unwrap(model).gather_keys = moco_batch_keys.local_keys
+        log_keys(c, dist.world_size(), dist.world_size() > 1 and c.sync_batchnorm and device.type == "cuda")
         model = model.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer: torch.optim.Optimizer
@@ -253,7 +256,7 @@ class MocoRecipe(Recipe[MocoConfig]):
         if info.step == 0:  # iteration 0's update (the official forward runs it too)
             model.update_momentum_encoder(self.momentum_at(0, info.total_steps))
         views = ((batch["view1"], batch["view2"]) for batch in micro_batches)
-        self._step_keys = optimizer_batch_keys(model.momentum_encoder, views, model.gather_keys)
+        self._step_keys = moco_batch_keys.optimizer_batch_keys(model.momentum_encoder, views, model.gather_keys)
 
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
         if self.has_first_pass(phase, info):

@@ -21,13 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trainlab.dtypes import at_least_float32
-from trainlab.models.moco.builder import GatherKeys, contrastive_loss
+from trainlab.models.moco.builder import GatherKeys, contrastive_loss, local_keys
+
+MocoKeys = Literal["full-batch", "micro-batch"]
+"""`--moco-keys`: what each query is scored against when the optimizer batch is split (micro-batches, processes)."""
+
+__all__ = ["MicroBatchKeys", "MocoKeys", "OptimizerBatchKeys", "local_keys", "optimizer_batch_keys"]
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ Differences from the official module, none of which changes a number:
   recipe's after-optimizer-step hook); `forward(x1, x2, m)` is the official order (queries, update, keys).
 - Keys are gathered by `gather_keys` (injected by the caller; the identity by default), so the module works with no
   process group and never imports torch.distributed.
+- `forward(x1, x2, keys=...)` scores the queries against keys computed before (the keys of the whole optimizer
+  batch under accumulation, `batch_keys.py`) and does not run the momentum encoder.
 
 Shape legend: B batch (per process), M keys (all processes), D projection width, C channels, H/W pixels.
 """
@@ -16,7 +18,7 @@ Shape legend: B batch (per process), M keys (all processes), D projection width,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +27,6 @@ from torch import nn
 from trainlab.dtypes import at_least_float32
 from trainlab.models.moco.resnet import RESNET_ARCHS, make_resnet, resnet_features, resnet_forward_checkpointed
 from trainlab.models.moco.vit import VIT_SIZES, make_vit, vit_features
-
-if TYPE_CHECKING:
-    from trainlab.models.moco.batch_keys import MicroBatchKeys
 
 MocoArch = Literal[
     "resnet50",
@@ -174,35 +173,26 @@ class MoCo(nn.Module):
         return contrastive_loss(q_BD, k_BD, self.temperature, self.gather_keys)
 
     def forward(
-        self,
-        x1_BCHW: torch.Tensor,
-        x2_BCHW: torch.Tensor,
-        momentum: float | None = None,
-        keys: MicroBatchKeys | None = None,
+        self, x1_BCHW: torch.Tensor, x2_BCHW: torch.Tensor, momentum: float | None = None, keys: Any = None
     ) -> torch.Tensor:
         """The symmetric loss of two views. With `momentum`, the momentum update runs between queries and keys
-        (the official order); with None it is left to the caller (once per optimizer step). With `keys` (the keys
-        of the whole optimizer batch, computed before its first micro-batch: `batch_keys.py`) the queries are scored
-        against them and the momentum encoder does not run."""
-        if keys is not None:
-            return keys.loss(self.queries(x1_BCHW), self.queries(x2_BCHW), self.temperature)
+        (the official order); with None it is left to the caller (once per optimizer step)."""
         q1_BD = self.predictor(self.encode(self.base_encoder, x1_BCHW))
         q2_BD = self.predictor(self.encode(self.base_encoder, x2_BCHW))
         with torch.no_grad():
             if momentum is not None:
                 self.update_momentum_encoder(momentum)
-            k1_BD = self.momentum_encoder(x1_BCHW)
-            k2_BD = self.momentum_encoder(x2_BCHW)
+            if keys is None:
+                k1_BD = self.momentum_encoder(x1_BCHW)
+                k2_BD = self.momentum_encoder(x2_BCHW)
+        if keys is not None:  # a `batch_keys.MicroBatchKeys`: the optimizer batch's keys, computed before
+            loss: torch.Tensor = keys.loss(q1_BD, q2_BD, self.temperature)
+            return loss
         return self.contrastive_loss(q1_BD, k2_BD) + self.contrastive_loss(q2_BD, k1_BD)
 
     def features(self, x_BCHW: torch.Tensor) -> torch.Tensor:
         """Backbone features of the base encoder (before the projector): what kNN and linear probes read."""
         return backbone_features(self.base_encoder, x_BCHW)
-
-    def queries(self, x_BCHW: torch.Tensor) -> torch.Tensor:
-        """Queries (B, D) of one view: base encoder, then predictor, with gradient."""
-        q_BD: torch.Tensor = self.predictor(self.encode(self.base_encoder, x_BCHW))
-        return q_BD
 
 
 def backbone_features(encoder: nn.Module, x_BCHW: torch.Tensor) -> torch.Tensor:
