@@ -133,14 +133,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from trainlab import dist
 from trainlab.models.moco import MoCo
-from trainlab.models.moco.batch_keys import optimizer_batch_keys
-from trainlab.models.moco.builder import local_keys
+from trainlab.models.moco.batch_keys import local_keys, optimizer_batch_keys
 
 out_dir = sys.argv[1]
 dist.init("cpu")
 rank, half, micro = dist.rank(), {batch} // 2, {batch} // 4
 torch.manual_seed(0)
-model = MoCo("resnet_debug", dim=16, mlp_dim=32, temperature=0.2, image_size={image}).eval()
+model = MoCo({arch!r}, dim=16, mlp_dim=32, temperature=0.2, image_size={image}).eval()
 x1, x2 = torch.randn(2, {batch}, 3, {image}, {image}).unbind(0)
 x1, x2 = x1[rank * half : (rank + 1) * half], x2[rank * half : (rank + 1) * half]
 micro_batches = [(x1[i * micro : (i + 1) * micro], x2[i * micro : (i + 1) * micro]) for i in range(2)]
@@ -174,7 +173,7 @@ def test_two_processes_times_accumulation_two_with_full_batch_keys_equal_one_bat
     micro-batch against its own B/4 keys, no gather) the loss differs: the control."""
     batch = 16
     script = tmp_path / "worker.py"
-    script.write_text(WORKER_ACCUMULATION.format(batch=batch, image=IMAGE))
+    script.write_text(WORKER_ACCUMULATION.format(batch=batch, image=IMAGE, arch=ARCHS[0]))
     launched = subprocess.run(
         [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],
         env=run_env,
@@ -184,7 +183,7 @@ def test_two_processes_times_accumulation_two_with_full_batch_keys_equal_one_bat
     )
     assert launched.returncode == 0, launched.stderr[-3000:]
     torch.manual_seed(0)
-    model = MoCo("resnet_debug", dim=16, mlp_dim=32, temperature=0.2, image_size=IMAGE).eval()
+    model = MoCo(ARCHS[0], dim=16, mlp_dim=32, temperature=0.2, image_size=IMAGE).eval()  # type: ignore[arg-type]
     x1, x2 = torch.randn(2, batch, 3, IMAGE, IMAGE).unbind(0)
     loss = model(x1, x2)
     loss.backward()
