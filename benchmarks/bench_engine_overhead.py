@@ -169,7 +169,7 @@ def same_model_steps(args: argparse.Namespace, run_dir: Path) -> dict[str, list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--model", default="cifar_resnet18")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)

@@ -12,8 +12,8 @@ Sections (every one a real `trainlab` command in a subprocess; the numbers come 
   var_sample  `trainlab sample --batch-size 64` (d16 VAR, ch=160 VQVAE, cfg 1.5, top-k 900, top-p 0.96): images/s
               of the 50,000-image FID job in steady state, from the `tokens` and `decode` phases of two runs of
               different length (the difference removes the first batch's warm-up).
-  precision   `trainlab bench precision --model resnet18 --data.kind fake --data.fake-size N` (the CIFAR-10 lab on
-              synthetic data), all eight modes: its results.csv (images/s, peak memory, final loss per mode).
+  precision   `trainlab bench precision --model cifar_resnet18 --data.kind fake --data.fake-size N` (the CIFAR-10 lab
+              on synthetic data), all eight modes: its results.csv (images/s, peak memory, final loss per mode).
 
 Weights are random-init official-architecture files written into the work folder (speed does not depend on the
 values): the ch=160 VQVAE in the `vae_ch160v4096z32.pth` layout (bench_var.py's) and a VAR of --depth in the official
@@ -38,7 +38,7 @@ import torch
 from _env import environment, result_path, run_metrics, settings, write_result
 from bench_var import write_tokenizer
 
-from trainlab.models.var.loading import export_official, read_state_dict
+from trainlab.models.var.convert import export_official, read_state_dict
 from trainlab.models.var.transformer import VAR, VARConfig
 
 SECTIONS = ("var_train", "var_sample", "precision")
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=20, help="optimizer steps per epoch (2 epochs)")
     parser.add_argument("--sample-batch-size", type=int, default=64)
     parser.add_argument("--sample-batches", type=int, default=3, help="extra batches of the longer sampling run")
-    parser.add_argument("--precision-model", default="resnet18")
+    parser.add_argument("--precision-model", default="cifar_resnet18")
     parser.add_argument("--precision-images", type=int, default=25_000)
     parser.add_argument("--precision-epochs", type=int, default=3)
     parser.add_argument("--precision-batch-size", type=int, default=128)

@@ -1,4 +1,4 @@
-"""Train the demo's digit judge with the demo settings; print held-out accuracy and training time per seed.
+"""Train the digit judge with the demo's settings (`trainlab train judge`); print held-out accuracy and time per seed.
 
     .venv/bin/python benchmarks/bench_judge.py                      # 16x16, seeds 0 1 2, 1 CPU thread
     .venv/bin/python benchmarks/bench_judge.py --resolution 32 --threads 2 --json runs/bench_judge.json
@@ -6,8 +6,9 @@
 The JSON result (per seed, plus the environment) goes to results/judge_<...>_<date>.json unless `--json` says
 otherwise (`--json ''`: none).
 
-Each seed trains a fresh judge (`train_judge` defaults: 10 epochs on the 4,000 "train" digits) and is scored on
-the 1,000 "heldout" digits. Wall-clock time covers training only (data loading excluded). One CPU thread is the
+Each seed trains a fresh judge on the engine (the `judge` recipe's defaults: 10 epochs on the 4,000 "train"
+digits) and is scored on the 1,000 "heldout" digits (the recipe's last evaluation). Wall-clock time covers the whole
+`Trainer.fit` (the augmented views are made in the loader, evaluations included). One CPU thread is the
 default because these tiny convolutions gain little from a second thread and, on a busy 2-core machine, OpenMP
 waiting makes two threads several times slower.
 """
@@ -18,20 +19,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from _env import environment, result_path, settings, write_result
 
-from trainlab.data.digits import load_digits_dataset
-from trainlab.demo.judge import DEMO_EPOCHS, accuracy, train_judge
+from trainlab.engine.loop import Trainer
+from trainlab.recipes.judge import JudgeConfig, JudgeRecipe
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resolution", type=int, default=16, help="image side: 16 (demo) or 32")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one judge per seed")
-    parser.add_argument("--epochs", type=int, default=DEMO_EPOCHS, help="passes over the 4,000 train digits")
+    parser.add_argument("--epochs", type=int, default=JudgeConfig().epochs, help="passes over the train digits")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--json", default="auto", help="result file ('auto': results/judge_<...>_<date>.json)")
@@ -40,18 +43,26 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     env = environment()
-    train = load_digits_dataset(resolution=args.resolution, split="train")
-    heldout = load_digits_dataset(resolution=args.resolution, split="heldout")
     runs = []
     for seed in args.seeds:
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        judge = train_judge(train, epochs=args.epochs, seed=seed, device=args.device)
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        acc = accuracy(judge, heldout.images_N3HW, heldout.labels_N)
+        with tempfile.TemporaryDirectory() as work:
+            config = JudgeConfig(
+                run_dir=Path(work),
+                seed=seed,
+                image_size=args.resolution,
+                epochs=args.epochs,
+                device=args.device,
+                eval_every_epochs=args.epochs,
+                log_every=50,
+                tensorboard=False,
+                progress=False,
+            )
+            start = time.perf_counter()
+            result = Trainer(JudgeRecipe(config)).fit()
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+        acc = result.last_eval["heldout_accuracy"]
         runs.append({"seed": seed, "heldout_accuracy": acc, "train_seconds": seconds})
         print(f"seed {seed}: held-out accuracy {acc:.4f}, training {seconds:.1f} s", flush=True)
 

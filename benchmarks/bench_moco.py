@@ -44,8 +44,9 @@ from torch.utils.data import DataLoader
 from trainlab.data.config import DataConfig
 from trainlab.data.sources import open_split
 from trainlab.data.transforms import HALF, TwoViews
-from trainlab.models.moco import MoCo, cosine_momentum
+from trainlab.models.moco import MoCo
 from trainlab.optim import LARS
+from trainlab.optim.momentum import cosine_momentum
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,15 @@ class Case:
 
 
 CASES = {
-    "vit_debug": Case("vit_debug", 16, 64, 64, 256, "adamw", 1.5e-4, 0.1, 0.2),
-    "resnet18_cifar": Case("resnet18_cifar", 32, 16, 256, 4096, "lars", 0.3, 1e-6, 0.2),
+    "vit_debug": Case("moco_vit_debug", 16, 64, 64, 256, "adamw", 1.5e-4, 0.1, 0.2),
+    "resnet18_cifar": Case("tv_resnet18_cifar", 32, 16, 256, 4096, "lars", 0.3, 1e-6, 0.2),
 }
 WARMUP_FRACTION = 0.1
 
 
 def command_argv(case: Case, args: argparse.Namespace, run_dir: Path) -> list[str]:
     flags: dict[str, object] = {
-        "--arch": case.arch,
+        "--model": case.arch,
         "--data.kind": "digits",
         "--image-size": case.image_size,
         "--data.train-limit": case.batch * args.steps,
@@ -78,9 +79,9 @@ def command_argv(case: Case, args: argparse.Namespace, run_dir: Path) -> list[st
         "--epochs": args.epochs,
         "--projection-dim": case.dim,
         "--mlp-hidden-dim": case.mlp_dim,
-        "--optimizer": case.optimizer,
-        "--base-learning-rate": case.base_lr,
-        "--weight-decay": case.weight_decay,
+        "--optim.name": case.optimizer,
+        "--optim.base-learning-rate": case.base_lr,
+        "--optim.weight-decay": case.weight_decay,
         "--temperature": case.temperature,
         "--crop-min": 0.2,
         "--blur": False,

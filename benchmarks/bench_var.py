@@ -57,7 +57,7 @@ from _env import environment, result_path, run_metrics, settings, write_result
 
 from trainlab.host_memory import configure_host_allocator
 from trainlab.models.var.blocks import MAX_LOG_SCALE_MUL, AdaLNSelfAttn, SelfAttention
-from trainlab.models.var.loading import export_official, load_tokenizer
+from trainlab.models.var.convert import export_official, load_tokenizer
 from trainlab.models.var.sample import filter_top_k_top_p_, generate
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig

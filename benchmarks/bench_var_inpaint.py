@@ -38,9 +38,10 @@ from matplotlib.figure import Figure
 from torchvision.utils import make_grid
 
 from trainlab.data.digits import NUM_CLASSES, load_digits_dataset
-from trainlab.demo.judge import load_judge, predict
+from trainlab.evaluate.judge_accuracy import predict
+from trainlab.models.digit_judge import load_judge
+from trainlab.models.var.convert import load_official
 from trainlab.models.var.edit import edit_images, encode_tokens, kept_token_maps
-from trainlab.models.var.loading import load_official
 
 SIDE = 16
 

@@ -138,7 +138,7 @@ def run_official(
 
 
 def write_weights(work: Path) -> None:
-    from trainlab.models.var.loading import export_official
+    from trainlab.models.var.convert import export_official
     from trainlab.models.var.transformer import VAR, VARConfig
     from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 

@@ -6,8 +6,9 @@ pixels), linear probes (pretrained / random init), and the figure of loss and kN
 
 Every number comes from the user-facing commands (`trainlab train moco`, `trainlab eval knn`, `trainlab eval
 linear-probe`), run as subprocesses and timed from outside. The random-init baseline is `trainlab eval knn
---checkpoint '' --arch resnet_debug --seed 0`; the script checks, in process, that its backbone is bit-identical to
-the backbone the training run starts from (same seed), so "random init" is this run's own starting point.
+--moco-weights '' --model tv_resnet_debug --seed 0`; the script checks, in process, that its backbone is
+bit-identical to the backbone the training run starts from (same seed), so "random init" is this run's own starting
+point.
 """
 
 # Legend: none (no tensors are named here beyond whole state dicts).
@@ -53,7 +54,7 @@ def last_json(stdout: str) -> dict[str, Any]:
 
 
 def random_init_is_run_init(seed: int) -> bool:
-    """Whether `eval knn --checkpoint ''` at `seed` builds the backbone the training run starts from."""
+    """Whether `eval knn --moco-weights ''` at `seed` builds the backbone the training run starts from."""
     from trainlab.config import from_dict, load_yaml, resolve_config
     from trainlab.engine.seeding import seed_everything
     from trainlab.recipes.linear_probe import load_backbone
@@ -63,7 +64,7 @@ def random_init_is_run_init(seed: int) -> bool:
     seed_everything(seed)
     run_model = MocoRecipe(cfg).build(torch.device("cpu")).models["moco"]
     torch.manual_seed(seed)  # what `trainlab eval knn --seed` does before building the model
-    baseline, _ = load_backbone("", cfg.arch, cfg.image_size)
+    baseline, _ = load_backbone("", cfg.model, cfg.image_size)
     a = {k: v for k, v in run_model.base_encoder.state_dict().items() if not k.startswith("fc.")}
     b = {k: v for k, v in baseline.base_encoder.state_dict().items() if not k.startswith("fc.")}
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -83,7 +84,7 @@ def plot(metrics: list[dict[str, Any]], random_knn: float, pixels_knn: float, ou
     ax_loss.plot([r["step"] / steps_per_epoch for r in train], [r["loss"] for r in train], lw=1)
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("symmetric InfoNCE loss (x 2T)")
-    ax_loss.set_title("MoCo v3 loss, digits, resnet_debug")
+    ax_loss.set_title("MoCo v3 loss, digits, tv_resnet_debug")
     epochs = [0] + [r["epoch"] for r in evals]
     accs = [100 * random_knn] + [100 * r["knn_accuracy"] for r in evals]
     ax_knn.plot(epochs, accs, marker="o", ms=3, label="pretrained encoder (epoch 0: random init)")
@@ -118,12 +119,12 @@ def main() -> None:
     _, train_wall = run_cli(train_args)
     knn_base = ["eval", "knn", "--data.kind", "digits", "--image-size", "16", "--seed", str(args.seed)]
     knn_pre, _ = run_cli([*knn_base, "--moco-weights", ckpt])
-    knn_rand, _ = run_cli([*knn_base, "--moco-weights", "", "--arch", "resnet_debug"])
+    knn_rand, _ = run_cli([*knn_base, "--moco-weights", "", "--model", "tv_resnet_debug"])
     knn_pix, _ = run_cli([*knn_base, "--features", "pixels"])
     probe_args = ["eval", "linear-probe", "--moco-weights", ckpt, "--run-dir", str(probe), "--overwrite"]
     probe_args += ["--epochs", str(args.probe_epochs), "--seed", str(args.seed)]
     probe_out, probe_wall = run_cli(probe_args)
-    rand_probe_args = ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--run-dir"]
+    rand_probe_args = ["eval", "linear-probe", "--moco-weights", "", "--model", "tv_resnet_debug", "--run-dir"]
     rand_probe_args += [str(work / "linear-probe-random-init"), "--overwrite", "--epochs", str(args.probe_epochs)]
     rand_probe_args += ["--seed", str(args.seed)]
     rand_probe_out, _ = run_cli(rand_probe_args)

@@ -37,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainlab.data.token_cache import encode_batch
 from trainlab.losses.token_cross_entropy import token_cross_entropy, token_metrics
-from trainlab.models.var.loading import load_tokenizer
+from trainlab.models.var.convert import load_tokenizer
 from trainlab.models.var.scales import scale_slices
 from trainlab.models.var.transformer import VAR, VARConfig
 

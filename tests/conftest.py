@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -23,6 +24,19 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 needs_compiler = pytest.mark.skipif(
     not any(map(shutil.which, CPP_COMPILERS)), reason="torch.compile on the CPU needs a C++ compiler on PATH"
 )
+
+
+def with_fields(config: Any, changes: dict[str, Any]) -> Any:
+    """`dataclasses.replace` that also takes dotted names of nested fields (`optim.learning_rate`)."""
+    flat = {name: value for name, value in changes.items() if "." not in name}
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in changes.items():
+        if "." in dotted:
+            group, rest = dotted.split(".", 1)
+            nested.setdefault(group, {})[rest] = value
+    for group, values in nested.items():
+        flat[group] = with_fields(flat.get(group, getattr(config, group)), values)
+    return dataclasses.replace(config, **flat)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ with `pytest tests/test_golden_losses.py --update-golden` and say in the commit 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from conftest import with_fields
 
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import Recipe, TrainConfig
@@ -54,7 +54,7 @@ class Case:
 
     recipe: str
     base: dict[str, Any] = field(default_factory=dict)  # fields set before `debug_config()` (e.g. the model)
-    overrides: dict[str, Any] = field(default_factory=dict)  # fields set after it
+    overrides: dict[str, Any] = field(default_factory=dict)  # fields set after it; `optim.name`: a nested field
 
     @property
     def has_reference(self) -> bool:
@@ -63,18 +63,17 @@ class Case:
 
     def config(self, run_dir: Path, **changes: Any) -> TrainConfig:
         recipe_cls = get_recipe(self.recipe)
-        cfg = recipe_cls(recipe_cls.config_class(**self.base)).debug_config()
-        return dataclasses.replace(
-            cfg, run_dir=run_dir, tensorboard=False, progress=False, **{**self.overrides, **changes}
-        )
+        cfg = recipe_cls(with_fields(recipe_cls.config_class(), self.base)).debug_config()
+        changes = {"run_dir": run_dir, "tensorboard": False, "progress": False, **self.overrides, **changes}
+        return with_fields(cfg, changes)
 
 
 CASES: dict[str, Case] = {
     "toy": Case("toy", overrides={"epochs": 6, "dropout": 0.1}),
     "toy_accumulation_2": Case("toy", overrides={"epochs": 6, "grad_accumulation": 2, "batch_size": 16}),
     "toy_bf16_amp": Case("toy", overrides={"epochs": 6, "precision": "bf16-amp"}),
-    "cifar_vgg_debug": Case("cifar", {"model": "vgg_debug"}, {"epochs": 6}),
-    "cifar_resnet_debug": Case("cifar", {"model": "resnet_debug"}, {"epochs": 6}),
+    "cifar_vgg_debug": Case("cifar", {"model": "cifar_vgg_debug"}, {"epochs": 6}),
+    "cifar_resnet_debug": Case("cifar", {"model": "cifar_resnet_debug"}, {"epochs": 6}),
     "tokenizer": Case("tokenizer", overrides={"epochs": 8}),
     "tokenizer_ema": Case("tokenizer", overrides={"epochs": 8, "codebook_mode": "ema"}),
     "var": Case("var", overrides={"epochs": 12}),
@@ -84,9 +83,10 @@ CASES: dict[str, Case] = {
     # difference doubles every step), which a golden run must not be
     "moco_vit_debug": Case(
         "moco",
-        {"arch": "vit_small", "optimizer": "adamw", "stop_grad_conv1": True},
-        {"epochs": 6, "base_learning_rate": 0.06},
+        {"model": "moco_vit_small", "optim.name": "adamw", "stop_grad_conv1": True},
+        {"epochs": 6, "optim.base_learning_rate": 0.06},
     ),
+    "judge": Case("judge", overrides={"epochs": 6}),
 }
 REFERENCE_CASES = sorted(name for name, case in CASES.items() if case.has_reference)
 

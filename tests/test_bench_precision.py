@@ -12,9 +12,9 @@ from trainlab.cli import main
 
 def test_bench_two_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench"
-    argv = ["bench", "precision", "--model", "vgg_debug", "--epochs", "2", "--data.kind", "fake", "--data.fake-size",
-            "64", "--batch-size", "32", "--modes", "fp32", "bf16-amp", "--run-dir", str(out), "--num-workers", "0",
-            "--log-every", "1",
+    argv = ["bench", "precision", "--model", "cifar_vgg_debug", "--epochs", "2", "--data.kind", "fake",
+            "--data.fake-size", "64", "--batch-size", "32", "--modes", "fp32", "bf16-amp", "--run-dir", str(out),
+            "--num-workers", "0", "--log-every", "1",
             "--device", "cpu"]  # fmt: skip
     assert main(argv) == 0
     with open(out / "results.csv", newline="") as f:

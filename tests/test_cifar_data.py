@@ -196,7 +196,7 @@ def test_fake_data_is_learnable(fake_root: Path) -> None:
     raw_train, raw_test = load_cifar10(fake_root, train=True), load_cifar10(fake_root, train=False)
     train = CifarAugmentDataset.from_cifar10(raw_train, augment=True, seed=0)
     test = CifarAugmentDataset.from_cifar10(raw_test, augment=False)
-    model = create_model("vgg_debug")
+    model = create_model("cifar_vgg_debug")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(4):
         train.set_epoch(epoch)

@@ -10,6 +10,7 @@ from torch import nn
 
 from trainlab.errors import UsageError
 from trainlab.models.cifar_resnet import CifarResNet
+from trainlab.models.names import CIFAR_MODELS
 from trainlab.models.registry import create_model, list_models, register_model
 
 
@@ -23,15 +24,12 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-CIFAR_MODELS = ["resnet18", "resnet34", "resnet50", "resnet_debug", "vgg11", "vgg13", "vgg16", "vgg19", "vgg_debug"]
-
-
 def _num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
 def test_all_cifar_models_are_registered() -> None:
-    assert set(CIFAR_MODELS) <= set(list_models())
+    assert set(CIFAR_MODELS) == set(list_models("cifar_"))
     assert list_models() == sorted(list_models())
 
 
@@ -53,7 +51,7 @@ def test_forward_backward(name: str) -> None:
 @pytest.mark.parametrize(
     ("name", "expected"),
     # kuangliu/pytorch-cifar definitions: VGG19 20.04 M, ResNet18 11.17 M (../shared/reference/cifar-and-moco.md 1.3).
-    [("vgg19", 20_040_522), ("resnet18", 11_173_962)],
+    [("cifar_vgg19", 20_040_522), ("cifar_resnet18", 11_173_962)],
 )
 def test_param_counts_match_reference(name: str, expected: int) -> None:
     count = _num_params(create_model(name))
@@ -62,14 +60,14 @@ def test_param_counts_match_reference(name: str, expected: int) -> None:
 
 
 def test_resnet_uses_cifar_stem() -> None:
-    model = create_model("resnet18")
+    model = create_model("cifar_resnet18")
     assert isinstance(model, CifarResNet)
     assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
     assert not any(isinstance(m, nn.MaxPool2d) for m in model.modules())
     assert model.forward_features(torch.randn(1, 3, 32, 32)).shape == (1, 512, 4, 4)
 
 
-@pytest.mark.parametrize("name", ["resnet_debug", "vgg_debug"])
+@pytest.mark.parametrize("name", ["cifar_resnet_debug", "cifar_vgg_debug"])
 def test_num_classes_and_backbone_mode(name: str) -> None:
     model = create_model(name, num_classes=100)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 100)
@@ -79,18 +77,18 @@ def test_num_classes_and_backbone_mode(name: str) -> None:
 
 
 def test_debug_models_are_small() -> None:
-    assert _num_params(create_model("resnet_debug")) < 100_000
-    assert _num_params(create_model("vgg_debug")) < 50_000
+    assert _num_params(create_model("cifar_resnet_debug")) < 100_000
+    assert _num_params(create_model("cifar_vgg_debug")) < 50_000
 
 
 def test_unknown_model_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match=r"unknown model 'resnet19'; choose one of: .*resnet18.*vgg19"):
+    with pytest.raises(UsageError, match=r"unknown model 'resnet19'; choose one of: .*cifar_resnet18.*cifar_vgg19"):
         create_model("resnet19")
 
 
 def test_negative_num_classes_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="num_classes"):
-        create_model("vgg_debug", num_classes=-1)
+        create_model("cifar_vgg_debug", num_classes=-1)
 
 
 def test_registering_a_taken_name_fails() -> None:
@@ -100,5 +98,5 @@ def test_registering_a_taken_name_fails() -> None:
         return nn.Linear(1, num_classes)
 
     with pytest.raises(ValueError, match="already registered"):
-        register_model("resnet18")(imposter)
-    assert isinstance(create_model("resnet18"), CifarResNet)
+        register_model("cifar_resnet18")(imposter)
+    assert isinstance(create_model("cifar_resnet18"), CifarResNet)

@@ -55,7 +55,7 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["report"], "missing required RUN_DIR"),
         (["report", "/nonexistent-run"], "run directory /nonexistent-run does not exist"),
         (["bench", "precision", "--modes", "fp32", "fp32-amp"], "argument --modes: invalid choice: 'fp32-amp'"),
-        (["bench", "precision", "--model", "resnet99"], "unknown model 'resnet99'"),
+        (["bench", "precision", "--model", "resnet99"], "argument --model: invalid choice: 'resnet99'"),
         (["demo", "--samples-per-class", "0"], "--samples-per-class must be >= 1"),
     ],
 )
@@ -79,11 +79,10 @@ def test_unwritable_run_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
 
 def test_yaml_then_flags(tmp_path: Path) -> None:
     yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text("batch_size: 64\nlearning_rate: 0.5\nschedule:\n  kind: linear\n  warmup_fraction: 0.1\n")
-    cfg = parse(
-        ToyConfig, ["--config", str(yaml_file), "--learning-rate", "0.25", "--schedule.kind", "constant"], prog="t"
-    )
-    assert (cfg.batch_size, cfg.learning_rate, cfg.schedule.kind, cfg.schedule.warmup_fraction) == (
+    yaml_file.write_text("batch_size: 64\noptim: {learning_rate: 0.5}\nschedule: {kind: linear, warmup_fraction: 0.1}")
+    flags = ["--optim.learning-rate", "0.25", "--schedule.kind", "constant"]
+    cfg = parse(ToyConfig, ["--config", str(yaml_file), *flags], prog="t")
+    assert (cfg.batch_size, cfg.optim.learning_rate, cfg.schedule.kind, cfg.schedule.warmup_fraction) == (
         64,
         0.25,
         "constant",
@@ -186,8 +185,8 @@ def test_help_lists_literal_choices(capsys: pytest.CaptureFixture[str]) -> None:
         (["--eval-every-epochs", "0"], "--eval-every-epochs must be >= 1"),
         (["--clip-grad-norm", "-1"], "--clip-grad-norm must be >= 0"),
         (["--checkpoint-every", "-3"], "--checkpoint-every must be >= 0"),
-        (["--learning-rate", "-1"], "--learning-rate must be positive"),
-        (["--learning-rate", "nan"], "--learning-rate must be a finite number"),
+        (["--optim.learning-rate", "-2"], "--optim.learning-rate must be > 0 or -1, got -2"),
+        (["--optim.learning-rate", "nan"], "--optim.learning-rate must be a finite number"),
         (["--device", "mps"], "unknown --device 'mps'"),
         (["--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1"),
     ],

@@ -132,6 +132,9 @@ NO_TORCH = [
     (["bench", "precision", "--epochs", "0"], 2),
     (["bench", "precision", "--modes", "fp99"], 2),
     (["bench", "precision", "--help"], 0),
+    (["doctor", "--help"], 0),
+    (["doctor", "--no-such-flag"], 2),
+    (["doctor", "--num-workers", "-1"], 2),
 ]  # fmt: skip
 
 
@@ -169,15 +172,16 @@ def test_report_on_a_run_imports_no_torch(runs: Path, tmp_path: Path) -> None:
         (["train", "var", "--depth", "0"], "trainlab.recipes.var"),
         (["plan", "toy", "--gpus", "0"], None),  # the plan's own flags are checked before the recipe is imported
         (["plan", "toy", "--dropout", "2"], "trainlab.recipes.toy"),
-        (["eval", "--help"], "trainlab.models.moco"),
-        (["eval", "fid", "--no-such-flag"], "trainlab.models.moco"),
+        (["eval", "--help"], "trainlab.models.backbones.vit"),
+        (["eval", "fid", "--no-such-flag"], "trainlab.models.backbones.vit"),
         (["demo", "--no-such-flag"], "trainlab.demo.pipeline"),
     ],
 )
 def test_what_imports_torch_before_a_usage_error_and_why(argv: list[str], via: str | None, tmp_path: Path) -> None:
     """Where torch is still imported before a usage error, and why: a recipe's flags are parsed by its config class,
-    which lives in the recipe module beside its torch code; `eval`'s module takes the MoCo architecture names from
-    `trainlab.models.moco` (and data set names from the MoCo recipe); the demo's config lives in its pipeline.
+    which lives in the recipe module beside its torch code; `eval`'s module takes the ViT patch-size check from
+    `trainlab.models.backbones.vit` (beside timm's ViT; the backbone names are torch-free, in `trainlab.models.names`)
+    and the probe's data group from the linear-probe recipe; the demo's config lives in its pipeline.
     Anything else importing torch first fails here."""
     result = _probe(argv, tmp_path)
     assert result["code"] in (0, 2), result["stderr"][-2000:]

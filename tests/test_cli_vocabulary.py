@@ -18,6 +18,7 @@ import pytest
 
 from trainlab.cli import _COMMANDS
 from trainlab.commands.bench import PrecisionBenchConfig
+from trainlab.commands.doctor import DoctorConfig
 from trainlab.commands.edit import EditConfig
 from trainlab.commands.eval import FidConfig, JudgeConfig, KnnConfig
 from trainlab.commands.plan import PlanOptions
@@ -52,6 +53,7 @@ def _configs() -> dict[str, type]:
             "eval fid": FidConfig,
             "eval judge": JudgeConfig,
             "demo": DemoConfig,
+            "doctor": DoctorConfig,  # plus the flags of `train RECIPE` in `trainlab doctor RECIPE`
         }
     )
     return configs
@@ -257,7 +259,7 @@ def test_identical_flags_of_other_libraries_are_accepted_and_named(
 @pytest.mark.parametrize(
     ("command", "argv", "expected"),
     [
-        ("train toy", ["--lr", "0.1"], "--lr: did you mean --learning-rate?"),
+        ("train toy", ["--lr", "0.1"], "--lr: did you mean --optim.learning-rate?"),
         ("train toy", ["--mixed-precision", "bf16"], "did you mean --precision? (Accelerate's no / fp16 / bf16"),
         ("train toy", ["--output-dir", "x"], "--output-dir: did you mean --run-dir?"),
         ("report", ["RUN", "--output-dir", "x"], "--output-dir: did you mean --out-dir?"),

@@ -13,9 +13,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainlab.cli import main
-from trainlab.engine.recipe import StepInfo
+from trainlab.engine.recipe import StepInfo, TrainParts, apply_activation_checkpointing
 from trainlab.engine.seeding import seed_everything
-from trainlab.models.checkpointing import checkpoint_stage
+from trainlab.models.grad_checkpoint import checkpoint_stage
 from trainlab.models.moco import MoCo
 from trainlab.recipes.cifar import CifarConfig, CifarData, CifarRecipe
 from trainlab.recipes.moco import MocoConfig, MocoRecipe
@@ -78,6 +78,13 @@ def test_checkpoint_stage_updates_batchnorm_statistics_once(momentum: float | No
     assert not torch.equal(buffers_naive["1.running_mean"], buffers["1.running_mean"])
 
 
+def _build(recipe: CifarRecipe | MocoRecipe) -> TrainParts:
+    """What the engine does: build, then switch activation checkpointing through `set_grad_checkpointing`."""
+    parts = recipe.build(torch.device("cpu"))
+    assert apply_activation_checkpointing(recipe, parts) == list(parts.models)
+    return parts
+
+
 def _cifar(tmp_path: Path, model: str, checkpointing: bool) -> CifarRecipe:
     data = CifarData(kind="fake", fake_size=64)
     config = CifarConfig(run_dir=tmp_path, model=model, data=data, activation_checkpointing=checkpointing)
@@ -86,9 +93,9 @@ def _cifar(tmp_path: Path, model: str, checkpointing: bool) -> CifarRecipe:
 
 def _cifar_step(recipe: CifarRecipe) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     seed_everything(recipe.config.seed)
-    parts = recipe.build(torch.device("cpu"))
+    parts = _build(recipe)
     model = parts.models["model"].train()
-    assert model.activation_checkpointing == recipe.config.activation_checkpointing
+    assert model.grad_checkpointing == recipe.config.activation_checkpointing
     gen = torch.Generator().manual_seed(2)
     batch = {"image": torch.randn(8, 3, 32, 32, generator=gen), "label": torch.randint(0, 10, (8,), generator=gen)}
     loss = recipe.train_step(parts.models, batch, "main", INFO)["loss"]
@@ -96,7 +103,7 @@ def _cifar_step(recipe: CifarRecipe) -> tuple[torch.Tensor, dict[str, torch.Tens
     return loss.detach(), _grads(model), _buffers(model)
 
 
-@pytest.mark.parametrize("model", ["resnet_debug", "vgg_debug"])
+@pytest.mark.parametrize("model", ["cifar_resnet_debug", "cifar_vgg_debug"])
 def test_cifar_checkpointing_gives_the_same_loss_gradients_and_statistics(tmp_path: Path, model: str) -> None:
     loss, grads, buffers = _cifar_step(_cifar(tmp_path, model, False))
     loss_ckpt, grads_ckpt, buffers_ckpt = _cifar_step(_cifar(tmp_path, model, True))
@@ -106,10 +113,10 @@ def test_cifar_checkpointing_gives_the_same_loss_gradients_and_statistics(tmp_pa
     assert any(n.endswith("num_batches_tracked") and int(b) == 1 for n, b in buffers_ckpt.items())
 
 
-@pytest.mark.parametrize("model", ["resnet_debug", "vgg_debug"])
+@pytest.mark.parametrize("model", ["cifar_resnet_debug", "cifar_vgg_debug"])
 def test_cifar_checkpointing_recomputes_in_training_only(tmp_path: Path, model: str) -> None:
     recipe = _cifar(tmp_path, model, True)
-    net = recipe.build(torch.device("cpu")).models["model"].train()
+    net = _build(recipe).models["model"].train()
     x = torch.randn(2, 3, 32, 32)
     calls: list[int] = []
     first_bn = next(m for m in net.modules() if isinstance(m, nn.BatchNorm2d) and m is not getattr(net, "bn1", None))
@@ -127,10 +134,11 @@ def _moco_step(
     tmp_path: Path, arch: str, checkpointing: bool
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
     base = MocoRecipe(MocoConfig()).debug_config()
-    recipe = MocoRecipe(dataclasses.replace(base, run_dir=tmp_path, arch=arch, activation_checkpointing=checkpointing))
+    recipe = MocoRecipe(dataclasses.replace(base, run_dir=tmp_path, model=arch, activation_checkpointing=checkpointing))
     seed_everything(recipe.config.seed)
-    moco = recipe.build(torch.device("cpu")).models["moco"].train()
-    assert isinstance(moco, MoCo) and moco.activation_checkpointing == checkpointing
+    moco = _build(recipe).models["moco"].train()
+    assert isinstance(moco, MoCo)
+    assert moco.base_encoder.grad_checkpointing == moco.momentum_encoder.grad_checkpointing == checkpointing
     first = moco.base_encoder.blocks[0] if moco.is_vit else moco.base_encoder.layer1[0].bn1
     calls: list[int] = []
     first.register_forward_pre_hook(lambda *_: calls.append(1))  # a forward hook misses early-stopped recomputes
@@ -143,7 +151,7 @@ def _moco_step(
     return loss.detach(), _grads(moco), _buffers(moco), len(calls)
 
 
-@pytest.mark.parametrize("arch", ["resnet_debug", "vit_debug"])
+@pytest.mark.parametrize("arch", ["tv_resnet_debug", "moco_vit_debug"])
 def test_moco_checkpointing_gives_the_same_loss_gradients_and_statistics(tmp_path: Path, arch: str) -> None:
     loss, grads, buffers, calls = _moco_step(tmp_path, arch, False)
     loss_ckpt, grads_ckpt, buffers_ckpt, calls_ckpt = _moco_step(tmp_path, arch, True)
@@ -153,7 +161,7 @@ def test_moco_checkpointing_gives_the_same_loss_gradients_and_statistics(tmp_pat
     _assert_same(buffers, buffers_ckpt)  # ViT: the projector's and predictor's BN (outside the blocks)
 
 
-@pytest.mark.parametrize("model", ["resnet_debug", "vgg_debug"])
+@pytest.mark.parametrize("model", ["cifar_resnet_debug", "cifar_vgg_debug"])
 def test_the_planner_predicts_a_lower_peak_with_checkpointing(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, model: str
 ) -> None:

@@ -28,8 +28,8 @@ from trainlab.cli import main
 from trainlab.engine.loop import FitResult
 from trainlab.errors import UsageError, check_output_path, first_line
 from trainlab.models.moco import MoCo, load_official, official_checkpoint
-from trainlab.models.var.loading import export_official
-from trainlab.models.var.loading import load_official as load_var_pair
+from trainlab.models.var.convert import export_official
+from trainlab.models.var.convert import load_official as load_var_pair
 from trainlab.models.var.sample import generate
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
@@ -254,7 +254,7 @@ def test_outputs_that_cannot_fit_are_refused_before_sampling(
 
 # ------------------------------------------------------------------------------------------------ digit judge
 def _judge_file(tmp_path: Path, name: str, *, meta: dict[str, str] | None = None, nan: bool = False) -> Path:
-    from trainlab.demo.judge import DigitJudge, save_judge
+    from trainlab.models.digit_judge import DigitJudge, save_judge
 
     base = tmp_path / "judge.safetensors"
     if not base.is_file():
@@ -296,7 +296,7 @@ def _moco(arch: str, image_size: int = 16) -> MoCo:
 
 
 def test_moco_without_predictor_or_with_nan_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ckpt = official_checkpoint(_moco("resnet_debug"), epoch=1)
+    ckpt = official_checkpoint(_moco("tv_resnet_debug"), epoch=1)
     no_predictor = {k: v for k, v in ckpt["state_dict"].items() if ".predictor." not in k}
     torch.save({**ckpt, "state_dict": no_predictor}, tmp_path / "nopred.pth.tar")
     nan = {k: v.clone() for k, v in ckpt["state_dict"].items()}
@@ -310,8 +310,8 @@ def test_moco_without_predictor_or_with_nan_is_one_line(tmp_path: Path, capsys: 
 
 
 def test_load_official_keeps_a_vit_patch_projection_frozen_on_request(tmp_path: Path) -> None:
-    torch.save(official_checkpoint(_moco("vit_debug"), epoch=3), tmp_path / "vit.pth.tar")
-    torch.save(official_checkpoint(_moco("resnet_debug"), epoch=3), tmp_path / "r.pth.tar")
+    torch.save(official_checkpoint(_moco("moco_vit_debug"), epoch=3), tmp_path / "vit.pth.tar")
+    torch.save(official_checkpoint(_moco("tv_resnet_debug"), epoch=3), tmp_path / "r.pth.tar")
     free = load_official(tmp_path / "vit.pth.tar", temperature=0.2)
     frozen = load_official(tmp_path / "vit.pth.tar", temperature=0.2, stop_grad_conv1=True)
     proj, fc1 = "base_encoder.patch_embed.proj", "base_encoder.blocks.0.mlp.fc1.weight"
@@ -332,11 +332,12 @@ def test_load_official_keeps_a_vit_patch_projection_frozen_on_request(tmp_path: 
 
 # ------------------------------------------------------------------------------------------------ eval data
 def _trainlab_moco(tmp_path: Path, *, image_size: int, data: str = "digits", flat: bool = False) -> Path:
-    """A trainlab MoCo checkpoint; `flat`: its config as runs recorded it before the data group."""
-    model = _moco("resnet_debug")
+    """A trainlab MoCo checkpoint; `flat`: its config as runs recorded it before the data group (and the registry)."""
+    model = _moco("tv_resnet_debug")
     root = str(tmp_path / "root")
     group = {"data": data, "data_root": root} if flat else {"data": {"kind": data, "root": root}}
-    config = {"arch": "resnet_debug", "image_size": image_size, **group}
+    backbone = {"arch": "resnet_debug"} if flat else {"model": "tv_resnet_debug"}
+    config = {**backbone, "image_size": image_size, **group}
     ckpt = {"format": "trainlab-checkpoint", "recipe": "moco", "models": {"moco": model.state_dict()}, "config": config}
     path = tmp_path / f"moco_{data}_{image_size}{'_flat' if flat else ''}.pt"
     torch.save(ckpt, path)
@@ -364,7 +365,7 @@ def test_eval_data_comes_from_the_checkpoint_unless_given(
     cifar = str(_trainlab_moco(tmp_path, image_size=32, data="cifar10", flat=flat))
     assert _resolve(cifar)[0].root == tmp_path / "root"
     assert _resolve(cifar, kind="digits")[0].root == Path("data/cifar10")  # not cifar's root
-    torch.save(official_checkpoint(_moco("vit_debug", image_size=16), epoch=1), tmp_path / "vit.pth.tar")
+    torch.save(official_checkpoint(_moco("moco_vit_debug", image_size=16), epoch=1), tmp_path / "vit.pth.tar")
     assert _resolve(str(tmp_path / "vit.pth.tar"))[1] == 16
     with pytest.raises(UsageError, match="position table is for 16 px inputs"):
         _resolve(str(tmp_path / "vit.pth.tar"), image_size=32)
@@ -380,7 +381,7 @@ def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest
     assert main(["eval", "knn", "--moco-weights", str(ckpt), "--data.eval-limit", "64", "--k", "5"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (printed["data"], printed["image_size"]) == ("digits", 32)
-    model, _ = load_backbone(str(ckpt), "resnet_debug", 32)
+    model, _ = load_backbone(str(ckpt), "tv_resnet_debug", 32)
     images = eval_images(DataConfig(kind="digits", eval_limit=64), 32)
     expected = knn_of_features(model.eval().features, images, device=torch.device("cpu"), batch_size=256, k=5,
                                temperature=0.1)  # fmt: skip
@@ -389,7 +390,7 @@ def test_eval_knn_reads_a_32px_checkpoint_at_32px(tmp_path: Path, capsys: pytest
 
 # ------------------------------------------------------------------------------------------------ linear probe
 def _probe_args(run: Path, *extra: str) -> list[str]:
-    args = ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--run-dir", str(run)]
+    args = ["eval", "linear-probe", "--moco-weights", "", "--model", "tv_resnet_debug", "--run-dir", str(run)]
     args += ["--data.train-limit", "64", "--data.eval-limit", "64", "--batch-size", "16"]
     return [*args, "--tensorboard", "false", "--progress", "false", *extra]
 

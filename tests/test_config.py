@@ -183,3 +183,28 @@ def test_one_git_sha_in_the_package() -> None:
     """runinfo.git_sha is the only place that asks git for the commit."""
     users = [p for p in (REPO / "trainlab").rglob("*.py") if "rev-parse" in p.read_text()]
     assert users == [REPO / "trainlab" / "engine" / "runinfo.py"]
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Pair:
+    """Nested, two fields."""
+
+    first: int = option(1, "first")
+    second: int = option(2, "second")
+
+
+@dataclasses.dataclass(kw_only=True)
+class _WithGroup:
+    """A config whose nested group has its own defaults."""
+
+    pair: _Pair = option(_Pair(first=10, second=20), "a group with non-class defaults")
+
+
+def test_a_partial_group_keeps_the_fields_own_defaults(tmp_path: Path) -> None:
+    """`--pair.first 5` changes that one setting: `pair.second` stays the field's default (20), not the class's (2);
+    the same for YAML and `from_dict`."""
+    assert parse(_WithGroup, ["--pair.first", "5"], prog="x").pair == _Pair(first=5, second=20)
+    path = tmp_path / "c.yaml"
+    path.write_text("pair:\n  second: 7\n")
+    assert parse(_WithGroup, ["--config", str(path)], prog="x").pair == _Pair(first=10, second=7)
+    assert from_dict(_WithGroup, {"pair": {"first": 3}}).pair == _Pair(first=3, second=20)

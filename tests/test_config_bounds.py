@@ -221,9 +221,9 @@ def test_shipped_configs_are_within_the_ranges() -> None:
 
 # ---------------------------------------------------------------------------------------- the reported cases
 TOY = ["train", "toy", "--device", "cpu", "--max-steps", "2"]
-VAR = ["train", "var", "--depth", "2", "--embed-dim", "64", "--num-heads", "2", "--tokenizer-config", "debug"]
-TOKENIZER = ["train", "tokenizer", "--vqvae-preset", "debug", "--patch-nums", "1", "2", "3", "4", "--image-size", "16"]
-MOCO = ["train", "moco", "--arch", "resnet_debug", "--data.kind", "digits", "--image-size", "16"]
+VAR = ["train", "var", "--depth", "2", "--embed-dim", "64", "--num-heads", "2", "--tokenizer-model", "vqvae_debug"]
+TOKENIZER = ["train", "tokenizer", "--model", "vqvae_debug", "--patch-nums", "1", "2", "3", "4", "--image-size", "16"]
+MOCO = ["train", "moco", "--model", "tv_resnet_debug", "--data.kind", "digits", "--image-size", "16"]
 MOCO += ["--data.eval-limit", "64"]
 SAMPLE = ["sample", "--tokenizer-weights", "v.pth", "--var-weights", "w.pth", "--classes", "1", "--out", "g.png"]
 EDIT = [
@@ -247,10 +247,10 @@ EDIT = [
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        ([*TOY, "--learning-rate", "1e308"], "--learning-rate must be positive and within float32's range"),
+        ([*TOY, "--optim.learning-rate", "1e308"], "--optim.learning-rate must be > 0 or -1 and within float32's"),
         ([*TOY, "--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
         ([*TOY, "--dropout=-0.1"], "--dropout must be in [0, 1), got -0.1"),
-        ([*TOY, "--weight-decay=-1"], "--weight-decay must be >= 0, got -1"),
+        ([*TOY, "--optim.weight-decay=-1"], "--optim.weight-decay must be >= 0, got -1"),
         ([*TOY, "--num-classes", "0"], "--num-classes must be >= 1, got 0"),
         ([*TOY, "--num-features", "0"], "--num-features must be >= 1, got 0"),
         ([*TOY, "--hidden", "0"], "--hidden must be >= 1, got 0"),
@@ -269,20 +269,22 @@ EDIT = [
         ([*TOY, "--seed", str(2**63)], "--seed must be in [0, 2**63), got 9223372036854775808"),
         ([*TOY, "--max-steps", "0"], "--max-steps must be >= 1 or -1, got 0"),
         ([*TOY, "--num-workers", str(10**20)], "--num-workers must be >= 0 and fit a 64-bit integer"),
-        ([*TOY, "--precision", "fp16-scale", "--learning-rate", "1e6"], "1e+06 exceeds the largest fp16"),
-        ([*TOY, "--precision", "fp16", "--weight-decay", "1e5"], "--weight-decay 100000 exceeds the largest fp16"),
-        ([*MOCO, "--precision", "fp16", "--base-learning-rate", "1e5"], "x batch 512 / 256 = 200000 exceeds"),
-        ([*TOY, "--learning-rate", "1e38", "--schedule.final-ratio", "10"], "10 = 1e+39 exceeds the largest float32"),
-        (["train", "cifar", "--model", "vgg_debug", "--momentum=-1"], "--momentum must be in [0, 1), got -1"),
-        (["train", "cifar", "--model", "vgg_debug", "--weight-decay=-1"], "--weight-decay must be >= 0, got -1"),
+        ([*TOY, "--precision", "fp16-scale", "--optim.learning-rate", "1e6"], "1e+06 exceeds the largest fp16"),
+        ([*TOY, "--precision", "fp16", "--optim.weight-decay", "1e5"], "--optim.weight-decay 100000 exceeds the"),
+        ([*MOCO, "--precision", "fp16", "--optim.base-learning-rate", "1e5"], "x batch 512 / 256 = 200000 exceeds"),
+        ([*TOY, "--optim.learning-rate", "1e38", "--schedule.final-ratio", "10"], "= 1e+39 exceeds the largest"),
+        ([*TOY, "--optim.base-learning-rate", "0.2"], "are both set; keep one (set the other to -1)"),
+        ([*TOY, "--optim.learning-rate", "-1"], "no learning rate: set --optim.learning-rate or"),
+        (["train", "cifar", "--optim.momentum=-1"], "--optim.momentum must be in [0, 1), got -1"),
+        (["train", "cifar", "--optim.weight-decay=-1"], "--optim.weight-decay must be >= 0, got -1"),
         ([*VAR, "--drop-path-rate", "5"], "--drop-path-rate must be in [0, 1] or -1, got 5"),
         ([*VAR, "--init-std", "0"], "--init-std must be > 0 or -1, got 0"),
-        ([*VAR, "--weight-decay=-1"], "--weight-decay must be >= 0, got -1"),
-        ([*VAR, "--betas", "0.9", "1.5"], "--betas (each value) must be in [0, 1), got 1.5"),
-        ([*VAR, "--betas", "0.9"], "--betas takes two values"),
+        ([*VAR, "--optim.weight-decay=-1"], "--optim.weight-decay must be >= 0, got -1"),
+        ([*VAR, "--optim.betas", "0.9", "1.5"], "--optim.betas (each value) must be in [0, 1), got 1.5"),
+        ([*VAR, "--optim.betas", "0.9"], "--optim.betas takes two values"),
         ([*VAR, "--num-heads", "3"], "embed_dim divisible by num_heads"),
         ([*TOKENIZER, "--discriminator-channels", "0"], "--discriminator-channels must be >= 1, got 0"),
-        ([*TOKENIZER, "--adam-beta1", "2"], "--adam-beta1 must be in [0, 1), got 2"),
+        ([*TOKENIZER, "--adam-beta1", "2"], "--adam-beta1 must be in [0, 1) or -1, got 2"),
         ([*TOKENIZER, "--discriminator-weight=-1"], "--discriminator-weight must be >= 0, got -1"),
         ([*MOCO, "--projection-dim", "0"], "--projection-dim must be >= 1, got 0"),
         ([*MOCO, "--knn-k", "0"], "--knn-k must be >= 1, got 0"),
@@ -296,8 +298,8 @@ EDIT = [
         ([*MOCO, "--data.fake-size", "0"], "--data.fake-size must be >= 1, got 0"),
         ([*VAR, "--data.kind", "cifar10"], "invalid choice: 'cifar10'"),
         ([*MOCO, "--data.kind", "digits", "--data.download"], "--data.download fetches CIFAR-10 only"),
-        ([*MOCO, "--optimizer-momentum=-1"], "--optimizer-momentum must be in [0, 1), got -1"),
-        ([*MOCO, "--arch", "vit_debug", "--image-size", "18"], "--image-size must be a multiple of 4, got 18"),
+        ([*MOCO, "--optim.momentum=-1"], "--optim.momentum must be in [0, 1), got -1"),
+        ([*MOCO, "--model", "moco_vit_debug", "--image-size", "18"], "--image-size must be a multiple of 4, got 18"),
         ([*SAMPLE, "--seed", str(2**64)], "--seed must be in [0, 2**63), got 18446744073709551616"),
         ([*SAMPLE, "--guidance", "inf"], "--guidance must be a finite number in [0, 1000], got inf"),
         ([*SAMPLE, "--guidance", "1e38"], "--guidance must be in [0, 1000], got 1e+38"),
@@ -313,7 +315,7 @@ EDIT = [
         (["eval", "knn", "--data.eval-limit=-5"], "--data.eval-limit must be >= 0, got -5"),
         (["eval", "knn", "--data.train-limit", "5"], "a kNN evaluation trains nothing"),
         (["eval", "knn", "--seed=-1"], "--seed must be in [0, 2**63), got -1"),
-        (["eval", "linear-probe", "--base-learning-rate", "0"], "--base-learning-rate must be positive, got 0"),
+        (["eval", "linear-probe", "--optim.base-learning-rate", "0"], "--optim.base-learning-rate must be > 0 or -1"),
         (["bench", "precision", "--num-seeds", "0"], "--num-seeds must be >= 1, got 0"),
         (["plan", "toy", "--dropout", "2"], "--dropout must be in [0, 1), got 2"),
     ],
@@ -344,8 +346,8 @@ def test_reported_settings_are_one_line_usage_errors_before_anything_runs(
         ("deterministic: !!binary dHJ1ZQ==\n", "config.deterministic: expected true/false, got b'true'"),
         ("schedule: {kind: !!binary Y29zaW5l}\n", "config.schedule.kind: b'cosine' is not one of"),
         ("hidden: {a: 1}\n", "config.hidden: expected int, got {'a': 1}"),
-        ("learning_rate: [0.1]\n", "config.learning_rate: expected float, got [0.1]"),
-        ("learning_rate: 1" + "0" * 400 + "\n", "config.learning_rate: expected float, got 1000"),
+        ("optim: {learning_rate: [0.1]}\n", "config.optim.learning_rate: expected float, got [0.1]"),
+        ("optim: {learning_rate: 1" + "0" * 400 + "}\n", "config.optim.learning_rate: expected float, got 1000"),
         ("dropout: .nan\n", "--dropout must be a finite number in [0, 1), got nan"),
         ("schedule: {final_ratio: -.inf}\n", "--schedule.final-ratio must be a finite number >= 0, got -inf"),
         ("epochs: 1.0e+20\n", "--epochs must be >= 1 and fit a 64-bit integer"),

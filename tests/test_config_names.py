@@ -41,12 +41,12 @@ def test_unknown_config_name_lists_the_shipped_ones() -> None:
     message = _one_line_error(ToyConfig, ["--config", "var_d61"])
     assert "no shipped config is named 'var_d61' (did you mean var_d16?)" in message
     assert all(name in message for name in list_configs())
-    assert load_yaml("cifar_resnet18")["model"] == "resnet18"
+    assert load_yaml("cifar_resnet18")["model"] == "cifar_resnet18"
 
 
 def test_unknown_flag_suggests_the_closest() -> None:
-    message = _one_line_error(ToyConfig, ["--learnig-rate", "0.1"])
-    assert "unrecognized arguments: --learnig-rate 0.1; did you mean --learning-rate?" in message
+    message = _one_line_error(ToyConfig, ["--optim.learnig-rate", "0.1"])
+    assert "unrecognized arguments: --optim.learnig-rate 0.1; did you mean --optim.learning-rate?" in message
     message = _one_line_error(ToyConfig, ["--schedule.warmup-fracton=0.1"])
     assert "did you mean --schedule.warmup-fraction?" in message
     assert "did you mean" not in _one_line_error(ToyConfig, ["--zzzz", "1"])
@@ -54,9 +54,9 @@ def test_unknown_flag_suggests_the_closest() -> None:
 
 def test_unknown_config_key_suggests_the_closest(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("learnig_rate: 0.1\nschedule: {warmup_fracton: 0.1}\n")
+    path.write_text("optim: {learnig_rate: 0.1}\nschedule: {warmup_fracton: 0.1}\n")
     message = _one_line_error(ToyConfig, ["--config", str(path)])
-    assert "unknown key(s) learnig_rate (did you mean learning_rate?)" in message
+    assert "config.optim: unknown key(s) learnig_rate (did you mean learning_rate?)" in message
     with pytest.raises(
         UsageError, match=r"config.schedule: unknown key\(s\) warmup_fracton \(did you mean warmup_fraction\?"
     ):

@@ -355,7 +355,7 @@ def test_all_corrupt_images_with_two_workers_is_one_line_from_the_cli(
     root = tmp_path / "data"
     for split in ("train", "val"):
         _unreadable_folder(root / split, n=8)
-    argv = ["train", "moco", "--arch", "resnet_debug", "--data.kind", "image-folder", "--image-size", "16"]
+    argv = ["train", "moco", "--model", "tv_resnet_debug", "--data.kind", "image-folder", "--image-size", "16"]
     argv += ["--batch-size", "4", "--epochs", "1", "--device", "cpu", "--data.eval-limit", "4", "--knn-k", "3"]
     argv += ["--data.root", str(root), "--run-dir", str(tmp_path / "run"), "--num-workers", "2", "--progress", "false"]
     assert main(argv) == 2
@@ -370,7 +370,7 @@ def test_all_corrupt_images_with_two_workers_is_one_line_from_the_cli(
 def test_eval_judge_on_a_folder_with_a_bomb_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trainlab.demo.judge import DigitJudge, save_judge
+    from trainlab.models.digit_judge import DigitJudge, save_judge
 
     save_judge(DigitJudge(resolution=16, width=4, feature_dim=8), tmp_path / "judge.safetensors")
     samples = tmp_path / "samples"
@@ -389,7 +389,7 @@ def test_eval_judge_on_a_folder_with_a_bomb_is_one_line_exit_2(
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from trainlab.models.var.loading import export_official
+    from trainlab.models.var.convert import export_official
     from trainlab.models.var.transformer import VAR, VARConfig
     from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 

@@ -212,14 +212,26 @@ def test_a_file_asking_for_another_codec_is_refused(cifar: Path) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["train", "cifar", "--model", "vgg_debug", "--batch-size", "4", "--epochs", "1", "--device", "cpu", "RUN"],
+        [
+            "train",
+            "cifar",
+            "--model",
+            "cifar_vgg_debug",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "RUN",
+        ],
         [
             "train",
             "moco",
             "--data.kind",
             "cifar10",
-            "--arch",
-            "resnet_debug",
+            "--model",
+            "tv_resnet_debug",
             "--image-size",
             "16",
             "--device",
@@ -227,7 +239,7 @@ def test_a_file_asking_for_another_codec_is_refused(cifar: Path) -> None:
             "RUN",
         ],
         ["eval", "knn", "--data.kind", "cifar10", "--features", "pixels", "--image-size", "32"],
-        ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--data.kind", "cifar10", "RUN"],
+        ["eval", "linear-probe", "--moco-weights", "", "--model", "tv_resnet_debug", "--data.kind", "cifar10", "RUN"],
     ],
     ids=["train-cifar", "train-moco", "eval-knn", "eval-linear-probe"],
 )
@@ -320,7 +332,7 @@ def test_a_malformed_npz_is_one_line_naming_the_file(
 def test_eval_judge_on_a_poisoned_npz_is_one_line_exit_2(
     tmp_path: Path, payload: tuple[_Payload, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trainlab.demo.judge import DigitJudge, save_judge
+    from trainlab.models.digit_judge import DigitJudge, save_judge
 
     live, marker = payload
     save_judge(DigitJudge(resolution=8, width=4, feature_dim=8), tmp_path / "judge.safetensors")

@@ -89,8 +89,8 @@ def test_interrupted_stage_exits_130_with_a_resume_hint(
     """SIGTERM / Ctrl-C inside a stage: the engine saved last.pt; the demo stops there and says how to continue."""
     import trainlab.demo.pipeline as demo_module
     from trainlab.commands.demo import main
-    from trainlab.demo.judge import DigitJudge
     from trainlab.engine.loop import FitResult, Trainer
+    from trainlab.models.digit_judge import DigitJudge
 
     monkeypatch.setattr(demo_module, "_judge", lambda demo, device: DigitJudge().eval())
     monkeypatch.setattr(Trainer, "fit", lambda self: FitResult("interrupted", 5, 0, [], {}))

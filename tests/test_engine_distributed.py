@@ -208,7 +208,7 @@ def _error_lines(stderr: str) -> list[str]:
     ("flags", "code", "message"),
     [
         (["--batch-size", "33"], 2, "batch size 33 does not split into 1 accumulation step(s) x 2 process(es)"),
-        (["--learning-rate", "1e6", "--checkpoint-every", "1"], 1, "training diverged at step"),
+        (["--optim.learning-rate", "1e6", "--checkpoint-every", "1"], 1, "training diverged at step"),
     ],
     ids=["usage-error", "diverged"],
 )

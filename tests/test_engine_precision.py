@@ -153,7 +153,7 @@ def test_scheduler_advances_once_per_optimizer_step(tmp_path: Path) -> None:
         epochs=2,
         log_every=1,
         schedule=schedule,
-        learning_rate=0.2,
+        optim=dataclasses.replace(ToyConfig().optim, learning_rate=0.2),
         tensorboard=False,
         progress=False,
     )

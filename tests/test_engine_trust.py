@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import with_fields
 
 from trainlab.engine.checkpoint import CheckpointStore, load_checkpoint
 from trainlab.engine.loop import Trainer
@@ -25,10 +26,11 @@ from trainlab.recipes.toy import ToyConfig, ToyRecipe
 
 
 def _config(run_dir: Path, **overrides: Any) -> ToyConfig:
+    """The small toy run, with fields changed (`optim.learning_rate`: a field of the optimizer group)."""
     base = ToyConfig(
         run_dir=run_dir, num_samples=64, batch_size=16, epochs=2, log_every=1, tensorboard=False, progress=False
     )
-    return dataclasses.replace(base, **overrides)
+    return with_fields(base, overrides)
 
 
 def _step(path: Path) -> int:
@@ -100,18 +102,18 @@ def test_nan_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path) 
 
 
 def test_overflow_skips_are_tolerated_up_to_the_patience_then_stop(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, precision="bf16-amp-scale", epochs=2, learning_rate=1e30, max_skipped_steps=2)
+    cfg = _config(tmp_path, precision="bf16-amp-scale", epochs=2, max_skipped_steps=2, **{"optim.learning_rate": 1e30})
     with pytest.raises(TrainingStopped, match=r"3 optimizer steps in a row skipped"):
         Trainer(ToyRecipe(cfg)).fit()
 
 
-@pytest.mark.parametrize("flag", ["learning_rate", "static_loss_scale", "clip_grad_norm"])
+@pytest.mark.parametrize("flag", ["optim.learning_rate", "static_loss_scale", "clip_grad_norm"])
 def test_nan_and_negative_settings_are_usage_errors(tmp_path: Path, flag: str) -> None:
     with pytest.raises(UsageError, match="finite"):
         _config(tmp_path, **{flag: math.nan}).validate()
     if flag != "static_loss_scale":
         with pytest.raises(UsageError, match=flag.replace("_", "-")):
-            _config(tmp_path, **{flag: -1.0}).validate()
+            _config(tmp_path, **{flag: -2.0}).validate()
 
 
 def test_epoch_end_preemption_saves_before_evaluating_and_evaluates_after_resume(
@@ -138,7 +140,7 @@ def test_epoch_end_preemption_saves_before_evaluating_and_evaluates_after_resume
 def test_resume_refuses_silent_changes_and_applies_allowed_ones(tmp_path: Path, caplog: Any) -> None:
     Trainer(ToyRecipe(_config(tmp_path, epochs=2, max_steps=4))).fit()
     linear = dataclasses.replace(ToyConfig().schedule, kind="linear")
-    for change in ({"weight_decay": 0.1}, {"schedule": linear}, {"epochs": 3}, {"dropout": 0.5}):
+    for change in ({"optim.weight_decay": 0.1}, {"schedule": linear}, {"epochs": 3}, {"dropout": 0.5}):
         with pytest.raises(UsageError, match="resume with the same"):
             Trainer(ToyRecipe(_config(tmp_path, **{"epochs": 2, **change}))).fit()
     with caplog.at_level("INFO"):

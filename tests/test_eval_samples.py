@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from trainlab.cli import main
-from trainlab.evaluate.fid import feature_statistics, fid_from_features, frechet_distance
+from trainlab.evaluate.frechet import feature_statistics, fid_from_features, frechet_distance
 from trainlab.evaluate.image_sets import read_image_set
 
 fe = pytest.importorskip("torch_fidelity.feature_extractor_inceptionv3")
@@ -98,10 +98,10 @@ def _fid(capsys: pytest.CaptureFixture[str], samples: Path, reference: Path, wei
 
 
 def _features(folder: Path, weights: Path, layer: str) -> np.ndarray:
-    from trainlab.evaluate.fidelity import extract_features, load_metric_inception
+    from trainlab.evaluate.fidelity import inception_feature_layers, load_metric_inception
 
     extractor = load_metric_inception(weights, torch.device("cpu"), feature_layer=layer)
-    features, _ = extract_features(read_image_set(folder), extractor, batch_size=64, decode_workers=False)
+    features, _ = inception_feature_layers(read_image_set(folder), extractor, batch_size=64, decode_workers=False)
     return features[layer].numpy()
 
 
@@ -166,8 +166,9 @@ def test_npz_and_folder_inputs_give_the_same_numbers(
 
 
 def test_sample_out_dir_is_consumed_directly(tmp_path: Path, weights: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trainlab.demo.judge import DigitJudge, predict, save_judge
-    from trainlab.models.var.loading import export_official
+    from trainlab.evaluate.judge_accuracy import predict
+    from trainlab.models.digit_judge import DigitJudge, save_judge
+    from trainlab.models.var.convert import export_official
     from trainlab.models.var.transformer import VAR, VARConfig
     from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
@@ -223,14 +224,19 @@ def test_openai_reference_batch_mu_sigma_give_the_second_fid(
 # ---------------------------------------------------------------------------------------------------------- judge
 def test_judge_accuracy_on_real_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from trainlab.data.digits import load_digits_dataset
-    from trainlab.demo.judge import accuracy, save_judge, train_judge
+    from trainlab.engine.loop import Trainer
+    from trainlab.evaluate.judge_accuracy import accuracy
+    from trainlab.models.digit_judge import load_judge
+    from trainlab.recipes.judge import JudgeConfig, JudgeData, JudgeRecipe
 
-    judge = train_judge(load_digits_dataset(split="train").subset(torch.arange(1000)), epochs=3, seed=0)
-    save_judge(judge, tmp_path / "judge.safetensors")
+    data = JudgeData(train_limit=1000, eval_limit=100)
+    config = JudgeConfig(run_dir=tmp_path / "judge", data=data, epochs=3, tensorboard=False, progress=False)
+    Trainer(JudgeRecipe(config)).fit()  # writes run_dir/judge.safetensors
+    judge = load_judge(tmp_path / "judge" / "judge.safetensors")
     heldout = load_digits_dataset(split="heldout").subset(torch.arange(300))
     pixels_NHW3 = ((heldout.images_N3HW + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
     folder = _write_folder(tmp_path / "digits", pixels_NHW3.numpy(), heldout.labels_N.tolist())
-    judge_weights = ["--judge-weights", str(tmp_path / "judge.safetensors")]
+    judge_weights = ["--judge-weights", str(tmp_path / "judge" / "judge.safetensors")]
     assert main(["eval", "judge", "--samples", str(folder), *judge_weights]) == 0
     printed = _json_line(capsys.readouterr().out)
     reread_N3HW = pixels_NHW3.permute(0, 3, 1, 2).float() / 127.5 - 1.0
@@ -275,7 +281,7 @@ def test_bad_input_is_one_line_with_exit_code_2(
     _fails(["eval", "fid", "--samples", str(mixed), "--reference", str(good)], capsys, "mixes image sizes")
     _fails([*fid, "--reference", str(good), *with_weights, "--isc-splits", "10"], capsys, "--isc-splits 10")
 
-    from trainlab.demo.judge import DigitJudge, save_judge
+    from trainlab.models.digit_judge import DigitJudge, save_judge
 
     save_judge(DigitJudge(resolution=SIDE, width=4, feature_dim=8), tmp_path / "judge.safetensors")
     judge = ["--judge-weights", str(tmp_path / "judge.safetensors")]

@@ -1,4 +1,5 @@
-"""Evaluation pieces: FID and PSNR against closed forms, the digit judge (training, accuracy, save/load)."""
+"""Evaluation pieces: FID and PSNR against closed forms, the digit judge (training on the engine, its views,
+accuracy, save/load)."""
 
 # Legend: N/M samples, D feature width, B batch, H/W pixels, K classes.
 
@@ -13,19 +14,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from trainlab.data.digit_views import digit_view
 from trainlab.data.digits import DigitsData, load_digits_dataset
-from trainlab.demo.judge import (
-    DigitJudge,
-    accuracy,
-    conditional_accuracy,
-    extract_features,
-    load_judge,
-    save_judge,
-    train_judge,
-)
+from trainlab.engine.loop import Trainer
 from trainlab.errors import UsageError
-from trainlab.evaluate.fid import feature_statistics, fid_from_features, frechet_distance
+from trainlab.evaluate.features import extract_features
+from trainlab.evaluate.frechet import feature_statistics, fid_from_features, frechet_distance
+from trainlab.evaluate.judge_accuracy import accuracy
 from trainlab.evaluate.psnr import psnr, psnr_from_mse
+from trainlab.models.digit_judge import DigitJudge, load_judge, save_judge
+from trainlab.recipes.judge import JudgeConfig, JudgeRecipe
 
 
 def _random_covariance(rng: np.random.Generator, dim: int) -> np.ndarray:
@@ -169,12 +167,12 @@ def test_conditional_accuracy_on_a_hand_built_case() -> None:
     judge = _OracleJudge(resolution=8)
     samples_B3HW = torch.zeros(4, 3, 8, 8)
     samples_B3HW[:, 0, 0, 0] = torch.tensor([3.0, 7.0, 1.0, 1.0])
-    assert conditional_accuracy(judge, samples_B3HW, torch.tensor([3, 7, 1, 2])) == pytest.approx(0.75)
-    assert conditional_accuracy(judge, samples_B3HW, torch.tensor([0, 0, 0, 0])) == 0.0
+    assert accuracy(judge, samples_B3HW, torch.tensor([3, 7, 1, 2])) == pytest.approx(0.75)
+    assert accuracy(judge, samples_B3HW, torch.tensor([0, 0, 0, 0])) == 0.0
     with pytest.raises(UsageError, match="one label per image"):
-        conditional_accuracy(judge, samples_B3HW, torch.tensor([3, 7]))
+        accuracy(judge, samples_B3HW, torch.tensor([3, 7]))
     with pytest.raises(UsageError, match="resize the samples"):
-        conditional_accuracy(judge, torch.zeros(4, 3, 16, 16), torch.tensor([3, 7, 1, 2]))
+        accuracy(judge, torch.zeros(4, 3, 16, 16), torch.tensor([3, 7, 1, 2]))
 
 
 @pytest.mark.parametrize("resolution", [16, 32])
@@ -202,25 +200,42 @@ def digits_16() -> tuple[DigitsData, DigitsData]:
     return load_digits_dataset(split="train"), load_digits_dataset(split="heldout")
 
 
-@pytest.mark.usefixtures("one_thread")
-def test_judge_learns_digits_quickly_on_a_small_subset(digits_16: tuple[DigitsData, DigitsData]) -> None:
-    train, heldout = digits_16
-    judge = train_judge(train.subset(torch.arange(1000)), epochs=3, batch_size=64, seed=0)
-    assert accuracy(judge, heldout.images_N3HW, heldout.labels_N) > 0.8
+def _train_judge(run_dir: Path, **changes: object) -> tuple[DigitJudge, float]:
+    """The `judge` recipe on the engine; the trained judge (from its exported file) and its held-out accuracy."""
+    config = JudgeConfig(run_dir=run_dir, log_every=50, tensorboard=False, progress=False, **changes)  # type: ignore[arg-type]
+    result = Trainer(JudgeRecipe(config)).fit()
+    return load_judge(run_dir / "judge.safetensors"), result.last_eval["heldout_accuracy"]
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_judge_training_is_seeded_and_leaves_the_global_rng_alone(digits_16: tuple[DigitsData, DigitsData]) -> None:
-    train, _ = digits_16
-    small = train.subset(torch.arange(256))
-    rng_before = torch.get_rng_state()
-    first = train_judge(small, epochs=1, batch_size=64, seed=0)
-    assert torch.equal(torch.get_rng_state(), rng_before)
-    again = train_judge(small, epochs=1, batch_size=64, seed=0)
-    other = train_judge(small, epochs=1, batch_size=64, seed=1)
+def test_judge_learns_digits_quickly_on_a_small_subset(
+    tmp_path: Path, digits_16: tuple[DigitsData, DigitsData]
+) -> None:
+    _, heldout = digits_16
+    judge, heldout_accuracy = _train_judge(tmp_path, train_limit=1000, epochs=3, batch_size=64)
+    assert heldout_accuracy == accuracy(judge, heldout.images_N3HW, heldout.labels_N) > 0.8
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_judge_training_is_seeded(tmp_path: Path) -> None:
+    small = {"train_limit": 256, "eval_limit": 50, "epochs": 1, "batch_size": 64}
+    first, _ = _train_judge(tmp_path / "a", seed=0, **small)
+    again, _ = _train_judge(tmp_path / "b", seed=0, **small)
+    other, _ = _train_judge(tmp_path / "c", seed=1, **small)
     for name, tensor in first.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name
     assert not torch.equal(first.head.weight, other.head.weight)
+
+
+def test_judge_views_are_a_function_of_seed_epoch_index(digits_16: tuple[DigitsData, DigitsData]) -> None:
+    img_3HW = digits_16[0].images_N3HW[0]
+    view = digit_view(img_3HW, seed=0, epoch=1, index=5)
+    assert torch.equal(view, digit_view(img_3HW, seed=0, epoch=1, index=5))
+    for other in (digit_view(img_3HW, seed=0, epoch=2, index=5), digit_view(img_3HW, seed=1, epoch=1, index=5)):
+        assert not torch.equal(view, other)
+    assert view.shape == img_3HW.shape and view.dtype == img_3HW.dtype
+    assert float(view.min()) >= -1.0 - 1e-6 and float(view.max()) <= 1.0 + 1e-6
+    assert abs(float(view.mean()) - float(img_3HW.mean())) < 0.1  # a small warp of the same digit, not noise
 
 
 def test_judge_save_load_round_trip(tmp_path: Path) -> None:
@@ -234,7 +249,8 @@ def test_judge_save_load_round_trip(tmp_path: Path) -> None:
     assert (loaded.resolution, loaded.width, loaded.feature_dim) == (16, 8, 32) and not loaded.training
     img_B3HW = torch.rand(4, 3, 16, 16) * 2 - 1
     torch.testing.assert_close(loaded(img_B3HW), judge(img_B3HW), rtol=0, atol=0)
-    torch.testing.assert_close(extract_features(loaded, img_B3HW), judge.features(img_B3HW).detach())
+    features_BD = extract_features(loaded.features, img_B3HW, batch_size=3, device="cpu")
+    torch.testing.assert_close(features_BD, judge.features(img_B3HW).detach())
 
 
 def test_load_judge_rejects_missing_and_foreign_files(tmp_path: Path) -> None:
@@ -252,7 +268,6 @@ def test_load_judge_rejects_missing_and_foreign_files(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-def test_judge_reaches_97_percent_at_the_demo_settings(digits_16: tuple[DigitsData, DigitsData]) -> None:
-    train, heldout = digits_16
-    judge = train_judge(train, seed=0)
-    assert accuracy(judge, heldout.images_N3HW, heldout.labels_N) >= 0.97
+def test_judge_reaches_97_percent_at_the_demo_settings(tmp_path: Path) -> None:
+    _, heldout_accuracy = _train_judge(tmp_path, seed=0)  # the recipe's defaults: what `trainlab demo` trains
+    assert heldout_accuracy >= 0.97

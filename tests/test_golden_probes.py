@@ -31,7 +31,7 @@ def _another_dropout_draw(trainer: Trainer) -> None:
 
 # name -> (golden case, config changes, perturbation of the built trainer)
 PROBES: dict[str, tuple[str, dict[str, Any], Callable[[Trainer], None] | None]] = {
-    "learning rate x (1 + 1e-4)": ("toy", {"learning_rate": 0.1 * (1 + 1e-4)}, None),
+    "learning rate x (1 + 1e-4)": ("toy", {"optim.learning_rate": 0.1 * (1 + 1e-4)}, None),
     "one more warm-up step": ("var", {}, _one_more_warmup_step),
     "a different dropout draw": ("toy", {}, _another_dropout_draw),
     "the codebook's dead-code restart one step later": ("tokenizer", {"dead_code_steps": 3}, None),

@@ -53,7 +53,7 @@ def test_linear_probe_on_an_image_folder_prints_the_final_accuracy(
     tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "lp"
-    args = ["eval", "linear-probe", "--moco-weights", "", "--arch", "resnet_debug", "--data.kind", "image-folder"]
+    args = ["eval", "linear-probe", "--moco-weights", "", "--model", "tv_resnet_debug", "--data.kind", "image-folder"]
     args += ["--data.root", str(folder), "--image-size", "32", "--epochs", "2", "--batch-size", "4"]
     args += ["--run-dir", str(run), "--tensorboard", "false", "--progress", "false", "--eval-every-epochs", "1"]
     assert main(args) == 0

@@ -119,15 +119,15 @@ def _recipe(name: str, tmp_path: Path, **overrides: Any) -> Any:
 
 
 CASES = {
-    "cifar-resnet-fp32": ("cifar", {"model": "resnet_debug"}),
-    "cifar-resnet-accumulation-2": ("cifar", {"model": "resnet_debug", "grad_accumulation": 2}),
-    "cifar-resnet-bf16-amp": ("cifar", {"model": "resnet_debug", "precision": "bf16-amp"}),
+    "cifar-resnet-fp32": ("cifar", {"model": "cifar_resnet_debug"}),
+    "cifar-resnet-accumulation-2": ("cifar", {"model": "cifar_resnet_debug", "grad_accumulation": 2}),
+    "cifar-resnet-bf16-amp": ("cifar", {"model": "cifar_resnet_debug", "precision": "bf16-amp"}),
     "var-fp32": ("var", {}),
     "var-bf16-amp-scale": ("var", {"precision": "bf16-amp-scale"}),
     "var-activation-checkpointing": ("var", {"activation_checkpointing": True}),
     "tokenizer": ("tokenizer", {}),
     "moco-resnet": ("moco", {}),
-    "moco-vit": ("moco", {"arch": "vit_debug"}),
+    "moco-vit": ("moco", {"model": "moco_vit_debug"}),
 }
 
 
@@ -164,11 +164,11 @@ def test_parameters_and_optimizer_states_are_exact(name: str, tmp_path: Path) ->
     assert predicted.optimizer_states_bytes > 0
 
 
-@pytest.mark.parametrize("arch", ["resnet_debug", "vit_debug"])
+@pytest.mark.parametrize("arch", ["tv_resnet_debug", "moco_vit_debug"])
 def test_moco_momentum_encoder_is_a_momentum_copy(arch: str, tmp_path: Path) -> None:
     """The momentum encoder's parameters (written by after_optimizer_step) are counted as momentum / EMA copies,
     not as trained parameters; its BatchNorm statistics (updated by its forward) stay buffers."""
-    recipe = _recipe("moco", tmp_path, arch=arch)
+    recipe = _recipe("moco", tmp_path, model=arch)
     predicted = breakdown(
         trace_training(recipe, device="cpu", micro_batch=recipe.config.batch_size, grad_accumulation=1)
     )

@@ -119,7 +119,7 @@ def test_plain_python_backward_keeps_the_policy() -> None:
 
 @pytest.mark.parametrize(
     ("name", "overrides"),
-    [("toy", {}), ("cifar", {}), ("tokenizer", {}), ("moco", {}), ("moco", {"arch": "vit_debug"})],
+    [("toy", {}), ("cifar", {}), ("tokenizer", {}), ("moco", {}), ("moco", {"model": "moco_vit_debug"})],
 )
 def test_every_recipe_traces_under_the_cuda_policy(name: str, overrides: dict[str, str], tmp_path: Path) -> None:
     """The policy only moves tensors up to fp32: a bf16 plan under it is not expected to need fewer bytes than under

@@ -13,7 +13,7 @@ from trainlab.recipes.cifar import CifarConfig, CifarRecipe
 def _plan(
     tmp_path: Path, micro: int, accumulation: int = 1, precision: str = "fp32", device: PlanDevice = "cpu"
 ) -> Breakdown:
-    config = dataclasses.replace(CifarConfig(), model="resnet_debug", run_dir=tmp_path, precision=precision)
+    config = dataclasses.replace(CifarConfig(), model="cifar_resnet_debug", run_dir=tmp_path, precision=precision)
     run = trace_training(CifarRecipe(config), device=device, micro_batch=micro, grad_accumulation=accumulation)
     return breakdown(run)
 

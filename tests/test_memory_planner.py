@@ -14,17 +14,17 @@ from trainlab.memory.breakdown import breakdown
 from trainlab.memory.gpus import gpu_profile
 from trainlab.memory.planner import largest_fitting, overheads
 from trainlab.memory.trace import trace_training
-from trainlab.models.var.loading import export_official, load_tokenizer
+from trainlab.models.var.convert import export_official, load_tokenizer
 from trainlab.recipes.cifar import CifarConfig, CifarRecipe
 from trainlab.recipes.var import VARRecipe
 
 
 def test_a_tokenizer_read_from_a_file_is_one_frozen_model(tmp_path: Path) -> None:
     base = dataclasses.replace(VARRecipe(VARRecipe.config_class()).debug_config(), run_dir=tmp_path)
-    tokenizer = load_tokenizer("", "debug", base.patch_nums, seed=base.seed)
+    tokenizer = load_tokenizer("", "vqvae_debug", base.patch_nums, seed=base.seed)
     path = export_official(tokenizer, tmp_path / "tokenizer.pth")
     tokenizer_bytes = sum(t.numel() * t.element_size() for t in [*tokenizer.parameters(), *tokenizer.buffers()])
-    from_file = dataclasses.replace(base, tokenizer=str(path), tokenizer_config="auto")
+    from_file = dataclasses.replace(base, tokenizer_weights=str(path), tokenizer_model="auto")
     micro = base.batch_size
     with_file = breakdown(trace_training(VARRecipe(from_file), device="cpu", micro_batch=micro, grad_accumulation=1))
     built = breakdown(trace_training(VARRecipe(base), device="cpu", micro_batch=micro, grad_accumulation=1))
@@ -68,7 +68,7 @@ def test_a_straight_line_takes_four_traces(capacity: int) -> None:
 
 def test_the_largest_micro_batch_fits_and_the_next_does_not(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     batch = 256
-    config = dataclasses.replace(CifarConfig(), model="resnet_debug", run_dir=tmp_path, batch_size=batch)
+    config = dataclasses.replace(CifarConfig(), model="cifar_resnet_debug", run_dir=tmp_path, batch_size=batch)
     recipe = CifarRecipe(config)
 
     def predicted_total(m: int, capacity_gib: float) -> int:
@@ -79,7 +79,7 @@ def test_the_largest_micro_batch_fits_and_the_next_does_not(capsys: pytest.Captu
     ends = predicted_total(1, 1.0), predicted_total(batch, 1.0)
     assert ends[0] < ends[1]
     size_gib = round((ends[0] + ends[1]) / 2 / GIB, 6)  # a GPU between micro-batch 1 and the whole batch
-    argv = ["plan", "cifar", "--model", "resnet_debug", "--batch-size", str(batch), "--gpu", f"{size_gib}GiB"]
+    argv = ["plan", "cifar", "--model", "cifar_resnet_debug", "--batch-size", str(batch), "--gpu", f"{size_gib}GiB"]
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     m = out["max_micro_batch"]

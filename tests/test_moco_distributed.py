@@ -1,7 +1,7 @@
 """MoCo v3 keys gathered across 2 real gloo processes (torchrun): 2 x B/2 gives the loss and the gradients of 1 x B,
 and so does 2 processes x 2 accumulated micro-batches of B/4 with the keys of the whole optimizer batch (last test).
 
-What is compared, and why it is well defined: the real `MoCo` module (resnet_debug and vit_debug, projector and
+What is compared, and why it is well defined: the real `MoCo` module (tv_resnet_debug and moco_vit_debug, projector and
 predictor included) with every BatchNorm in eval mode, so each sample's features depend on that sample only (fixed
 running statistics) and not on how the batch is split over processes; in train mode each rank normalises by its
 own half-batch, and the two settings are different computations (the official code then needs SyncBatchNorm). On
@@ -22,7 +22,7 @@ import torch
 
 from trainlab.models.moco import MoCo
 
-ARCHS = ("resnet_debug", "vit_debug")
+ARCHS = ("tv_resnet_debug", "moco_vit_debug")
 GLOBAL_BATCH = 8
 IMAGE = 16
 
@@ -32,7 +32,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from trainlab import dist
 from trainlab.models.moco import MoCo
-from trainlab.models.moco.builder import local_keys
+from trainlab.losses.infonce import local_keys
 
 out_dir = sys.argv[1]
 dist.init("cpu")

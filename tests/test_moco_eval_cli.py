@@ -26,7 +26,7 @@ SUBSET = 200
 def official_ckpt(tmp_path: Path) -> Path:
     """A main_moco.py-format checkpoint of a debug ResNet with non-default BN statistics (a few train-mode passes)."""
     torch.manual_seed(3)
-    model = MoCo("resnet_debug", dim=16, mlp_dim=32, temperature=0.2, image_size=16)
+    model = MoCo("tv_resnet_debug", dim=16, mlp_dim=32, temperature=0.2, image_size=16)
     with torch.no_grad():
         for _ in range(3):
             model(torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16))
@@ -51,7 +51,7 @@ def test_eval_knn_prints_the_in_process_accuracy(official_ckpt: Path, capsys: py
     args = ["eval", "knn", "--moco-weights", str(official_ckpt), "--data.eval-limit", str(SUBSET), "--k", "20"]
     assert main([*args, "--image-size", "16"]) == 0
     printed = _json_line(capsys.readouterr().out)
-    model, _ = load_backbone(str(official_ckpt), "resnet_debug", 16)
+    model, _ = load_backbone(str(official_ckpt), "tv_resnet_debug", 16)
     model.eval()
     images = eval_images(DataConfig(kind="digits", eval_limit=SUBSET), 16)
     expected = knn_of_features(
@@ -71,14 +71,14 @@ def test_eval_knn_baselines_and_a_trainlab_run(tmp_path: Path, capsys: pytest.Ca
     results = {}
     for name, extra in {
         "pixels": ["--features", "pixels"],
-        "random": ["--moco-weights", "", "--arch", "resnet_debug"],
+        "random": ["--moco-weights", "", "--model", "tv_resnet_debug"],
         "trainlab": ["--moco-weights", str(tmp_path / "run" / "ckpt" / "last.pt")],
     }.items():
         assert main([*common, *extra]) == 0
         results[name] = _json_line(capsys.readouterr().out)
     assert results["pixels"]["features"] == "raw pixels"
-    assert results["random"]["features"] == "random-init resnet_debug"
-    assert str(results["trainlab"]["features"]).startswith("resnet_debug from ")
+    assert results["random"]["features"] == "random-init tv_resnet_debug"
+    assert str(results["trainlab"]["features"]).startswith("tv_resnet_debug from ")
     pixels = eval_images(DataConfig(kind="digits", eval_limit=SUBSET), 16)
     expected = knn_of_features(
         lambda x: x.flatten(1), pixels, device=torch.device("cpu"), batch_size=256, k=20, temperature=0.1
@@ -133,7 +133,7 @@ def test_eval_linear_probe_prints_final_accuracy(
     assert len(accs) == 2
     assert printed["final_test_accuracy"] == accs[-1]
     assert printed["best_epoch_test_accuracy (chosen on the test set)"] == max(accs)
-    assert str(printed["backbone"]).startswith("resnet_debug from ")
+    assert str(printed["backbone"]).startswith("tv_resnet_debug from ")
     assert all(0.0 <= a <= 1.0 for a in accs)
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from trainlab.errors import UsageError
-from trainlab.models.moco import MoCo, contrastive_loss, export_official, infer_arch, load_official
+from trainlab.losses.infonce import infonce_loss
+from trainlab.models.moco import MoCo, export_official, infer_arch, load_official
 
 # Shape legend: B batch, D width, M keys.
 
@@ -47,7 +48,7 @@ def test_loss_closed_form_orthonormal(temperature: float) -> None:
     q_BD = torch.eye(batch, 8) * 3.0  # normalisation removes the scale
     # q == k, orthonormal: logits are 1/T on the diagonal, 0 elsewhere
     expected = -math.log(math.exp(1 / temperature) / (math.exp(1 / temperature) + batch - 1)) * 2 * temperature
-    assert contrastive_loss(q_BD, q_BD.clone(), temperature) == pytest.approx(expected, rel=1e-6)
+    assert infonce_loss(q_BD, q_BD.clone(), temperature) == pytest.approx(expected, rel=1e-6)
 
 
 def test_loss_equals_manual_sum_and_offset() -> None:
@@ -59,12 +60,12 @@ def test_loss_equals_manual_sum_and_offset() -> None:
     for i in range(4):
         logits = [float(qn[i] @ kn[j]) / temperature for j in range(12)]
         manual += -(logits[i + offset] - math.log(sum(math.exp(v) for v in logits))) / 4
-    got = contrastive_loss(q_BD, k_MD[offset : offset + 4], temperature, gather_keys=lambda k: (kn, offset))
+    got = infonce_loss(q_BD, k_MD[offset : offset + 4], temperature, gather_keys=lambda k: (kn, offset))
     assert torch.allclose(kn[offset : offset + 4], torch.nn.functional.normalize(k_MD[offset : offset + 4], dim=1))
     assert float(got) == pytest.approx(manual * 2 * temperature, rel=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["resnet_debug", "vit_debug"])
+@pytest.mark.parametrize("arch", ["tv_resnet_debug", "moco_vit_debug"])
 def test_momentum_update_exact_parameters_only(arch: str) -> None:
     model = _debug(arch)
     with torch.no_grad():
@@ -81,13 +82,13 @@ def test_momentum_update_exact_parameters_only(arch: str) -> None:
         assert torch.equal(p, before_k[name] * 0.9 + q[name] * (1.0 - 0.9)), name
         assert not p.requires_grad
     frozen = [n for n, p in model.base_encoder.named_parameters() if not p.requires_grad]
-    if arch == "vit_debug":
+    if arch == "moco_vit_debug":
         assert "pos_embed" in frozen  # the fixed table is averaged too (it stays equal: same on both sides)
     for name, b in model.momentum_encoder.named_buffers():
         assert torch.equal(b, buffers_k[name]), name
 
 
-@pytest.mark.parametrize("arch", ["resnet_debug", "vit_debug"])
+@pytest.mark.parametrize("arch", ["tv_resnet_debug", "moco_vit_debug"])
 def test_forward_with_momentum_equals_official(arch: str) -> None:
     model = _debug(arch)
     with torch.no_grad():
@@ -108,7 +109,7 @@ def test_forward_with_momentum_equals_official(arch: str) -> None:
 
 def test_stop_grad_conv1_and_sincos() -> None:
     torch.manual_seed(0)
-    model = MoCo("vit_debug", dim=16, mlp_dim=32, image_size=16, stop_grad_conv1=True)
+    model = MoCo("moco_vit_debug", dim=16, mlp_dim=32, image_size=16, stop_grad_conv1=True)
     proj = model.base_encoder.patch_embed.proj
     assert not proj.weight.requires_grad and not proj.bias.requires_grad
     pos = model.base_encoder.pos_embed
@@ -135,11 +136,11 @@ def _bytes(state: dict[str, torch.Tensor]) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("arch", ["resnet_debug", "vit_debug"])
+@pytest.mark.parametrize("arch", ["tv_resnet_debug", "moco_vit_debug"])
 def test_official_checkpoint_round_trip(arch: str, tmp_path: Path) -> None:
     original = _official_file(_debug(arch), tmp_path / "checkpoint_0002.pth.tar")
     model = load_official(tmp_path / "checkpoint_0002.pth.tar", temperature=0.2)
-    assert model.arch == arch
+    assert model.backbone == arch
     exported = export_official(model)
     assert list(exported) == list(original)
     assert next(iter(exported)) == "base_encoder." + next(iter(model.base_encoder.state_dict()))
@@ -155,11 +156,11 @@ def test_official_checkpoint_round_trip(arch: str, tmp_path: Path) -> None:
 
 
 def test_unknown_architecture_names_what_it_found() -> None:
-    state = _debug("vit_debug").state_dict()
+    state = _debug("moco_vit_debug").state_dict()
     state = {k: v for k, v in state.items() if ".blocks.1." not in k}
     with pytest.raises(UsageError, match=r"unknown ViT \(embedding width 32, 1 blocks, patch 4"):
         infer_arch(state)
-    state = {k: v for k, v in _debug("resnet_debug").state_dict().items() if ".layer4." not in k}
+    state = {k: v for k, v in _debug("tv_resnet_debug").state_dict().items() if ".layer4." not in k}
     with pytest.raises(
         UsageError, match=r"unknown architecture \(ResNet with 3x3 stem of width 8, stages \[1, 1, 1, 0\]"
     ):
@@ -167,7 +168,8 @@ def test_unknown_architecture_names_what_it_found() -> None:
 
 
 def test_linear_probe_checkpoint_is_named(tmp_path: Path) -> None:
-    backbone = {k[len("base_encoder.") :]: v for k, v in _debug("resnet_debug").state_dict().items() if "base_enc" in k}
+    state = _debug("tv_resnet_debug").state_dict()
+    backbone = {k[len("base_encoder.") :]: v for k, v in state.items() if "base_enc" in k}
     backbone = {k: v for k, v in backbone.items() if not k.startswith("fc.")}
     backbone.update({"fc.weight": torch.zeros(10, 64), "fc.bias": torch.zeros(10)})
     path = tmp_path / "model_best.pth.tar"
@@ -190,9 +192,9 @@ def test_linear_probe_checkpoint_is_named(tmp_path: Path) -> None:
 
 def test_vit_image_size_must_divide_by_patch() -> None:
     with pytest.raises(UsageError, match="does not divide by the patch size 4"):
-        MoCo("vit_debug", dim=16, mlp_dim=32, image_size=18)
+        MoCo("moco_vit_debug", dim=16, mlp_dim=32, image_size=18)
 
 
 def test_features_are_backbone_width() -> None:
-    assert _debug("resnet_debug").features(torch.randn(2, 3, 16, 16)).shape == (2, 64)
-    assert _debug("vit_debug").features(torch.randn(2, 3, 16, 16)).shape == (2, 32)
+    assert _debug("tv_resnet_debug").features(torch.randn(2, 3, 16, 16)).shape == (2, 64)
+    assert _debug("moco_vit_debug").features(torch.randn(2, 3, 16, 16)).shape == (2, 32)

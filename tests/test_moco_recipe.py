@@ -17,8 +17,10 @@ from trainlab.engine.loop import Trainer
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.evaluate.knn import knn_accuracy, knn_predict
-from trainlab.models.moco import MoCo, cosine_momentum
+from trainlab.models.moco import MoCo
 from trainlab.optim import LARS
+from trainlab.optim.config import OptimConfig
+from trainlab.optim.momentum import cosine_momentum
 from trainlab.recipes.moco import MocoConfig, MocoRecipe
 
 
@@ -49,9 +51,9 @@ def test_engine_equals_official_loop(tmp_path: Path, accumulation: int) -> None:
     total = probe.total_steps
     optimizer = LARS(
         [p for p in model.parameters() if p.requires_grad],
-        MocoRecipe(cfg).learning_rate(),
-        weight_decay=cfg.weight_decay,
-        momentum=cfg.optimizer_momentum,
+        cfg.optim.base_learning_rate * cfg.batch_size / 256,  # the official linear scaling, written out
+        weight_decay=cfg.optim.weight_decay,
+        momentum=cfg.optim.momentum,
     )
     reference: list[float] = []
     updates = 0
@@ -79,10 +81,11 @@ def test_engine_equals_official_loop(tmp_path: Path, accumulation: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["resnet18_cifar", "vit_small"])
+@pytest.mark.parametrize("arch", ["tv_resnet18_cifar", "moco_vit_small"])
 def test_debug_resume_is_bit_exact(tmp_path: Path, arch: str) -> None:
-    extra = {"optimizer": "adamw", "stop_grad_conv1": True} if arch.startswith("vit") else {}
-    recipe = MocoRecipe(MocoConfig(arch=arch, tensorboard=False, progress=False, **extra))  # type: ignore[arg-type]
+    vit = arch.startswith("moco_vit")
+    extra = {"optim": OptimConfig(name="adamw", base_learning_rate=0.6), "stop_grad_conv1": True} if vit else {}
+    recipe = MocoRecipe(MocoConfig(model=arch, tensorboard=False, progress=False, **extra))  # type: ignore[arg-type]
     report = run_debug_check(MocoRecipe, recipe, tmp_path / "debug")
     assert report.passed and report.max_loss_difference == 0.0 and report.weights_identical
 

@@ -19,7 +19,7 @@ def test_the_readme_has_python_snippets() -> None:
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
 def test_readme_snippet_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainlab.models.var.loading import export_official
+    from trainlab.models.var.convert import export_official
     from trainlab.models.var.transformer import VAR, VARConfig
     from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 

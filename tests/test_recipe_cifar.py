@@ -20,13 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 def _cfg(run_dir: Path, **kw: object) -> CifarConfig:
     base = CifarConfig(
         run_dir=run_dir,
-        model="resnet_debug",
+        model="cifar_resnet_debug",
         data=CifarData(kind="fake", fake_size=96),
         batch_size=16,
         epochs=2,
         log_every=1,
         eval_batch_size=64,
-        learning_rate=0.05,
+        optim=dataclasses.replace(CifarConfig().optim, learning_rate=0.05),
         tensorboard=False,
         progress=False,
         seed=1,
@@ -66,7 +66,7 @@ def test_missing_data_root_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Cap
 
 def test_unknown_model_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "cifar", "--model", "resnet9000", "--run-dir", str(tmp_path)]) == 2
-    assert "unknown model 'resnet9000'" in capsys.readouterr().err
+    assert "argument --model: invalid choice: 'resnet9000'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["cifar_vgg19.yaml", "cifar_resnet18.yaml"])

@@ -360,15 +360,15 @@ def test_image_folder_is_resized_center_cropped_and_scaled(tmp_path: Path) -> No
         (["--data.kind", "image-folder", "--data.root", "{tmp}/nowhere"], "--data.root {tmp}/nowhere not found"),
         (["--data.kind", "fake", "--perceptual-weights", "{tmp}/vgg16.pth"], "--perceptual-weights"),
         (["--data.kind", "fake", "--inception-weights", "{tmp}/inception.pth"], "--inception-weights"),
-        (["--data.kind", "fake", "--vqvae-preset", "custom", "--image-size", "32"], "does not match the VQVAE"),
-        (["--data.kind", "fake", "--ch", "64"], "--vqvae-preset debug sets ch"),
+        (["--data.kind", "fake", "--model", "custom", "--image-size", "32"], "does not match the VQVAE"),
+        (["--data.kind", "fake", "--ch", "64"], "--model vqvae_debug sets ch"),
         (["--data.kind", "cifar10"], "invalid choice: 'cifar10'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
 ) -> None:
-    argv = ["train", "tokenizer", "--vqvae-preset", "debug", "--discriminator-layers", "2", "--run-dir", str(tmp_path)]
+    argv = ["train", "tokenizer", "--model", "vqvae_debug", "--discriminator-layers", "2", "--run-dir", str(tmp_path)]
     code = main(argv + [f.format(tmp=tmp_path) for f in flags])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err

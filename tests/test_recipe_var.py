@@ -34,9 +34,9 @@ from trainlab.engine.debug import run_debug_check
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import StepInfo
 from trainlab.errors import UsageError
-from trainlab.models.var.loading import VAR_EXPORT_PTH, VAR_EXPORT_SAFETENSORS, load_tokenizer
+from trainlab.models.var.convert import VAR_EXPORT_PTH, VAR_EXPORT_SAFETENSORS, load_tokenizer
 from trainlab.models.var.transformer import VAR, VARConfig
-from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
+from trainlab.models.var.vqvae import VQVAE, vqvae_config
 from trainlab.optim.param_groups import no_weight_decay, param_groups
 from trainlab.recipes.var import VarData, VARRecipe, VARTrainConfig, export_run
 from trainlab.recipes.var_progressive import ProgressiveSchedule
@@ -71,7 +71,7 @@ def test_debug_check_passes_and_exports_official_format(tmp_path: Path) -> None:
     report = run_debug_check(VARRecipe, VARRecipe(cfg), tmp_path / "debug")
     assert report.passed, report.line()
     run = tmp_path / "debug" / "resumed"
-    from trainlab.models.var.loading import build_var, read_state_dict
+    from trainlab.models.var.convert import build_var, read_state_dict
 
     final = torch.load(run / "ckpt" / "last.pt", weights_only=True)["models"]["var"]
     for name in (VAR_EXPORT_PTH, VAR_EXPORT_SAFETENSORS):
@@ -94,7 +94,7 @@ def test_debug_check_passes_and_exports_official_format(tmp_path: Path) -> None:
 
 def test_init_from_official_weights_loads_them_strictly(tmp_path: Path) -> None:
     """Fine-tuning: `--init-from var_d*.pth` (official format) replaces the fresh init; a wrong depth names the fix."""
-    from trainlab.models.var.loading import export_official
+    from trainlab.models.var.convert import export_official
 
     _, source, _ = _built(tmp_path / "source")
     with torch.no_grad():
@@ -194,9 +194,10 @@ def test_no_decay_groups_hold_exactly_the_official_names(shared: bool) -> None:
 
 
 def test_learning_rate_is_base_times_batch_over_256(tmp_path: Path) -> None:
-    assert VARTrainConfig(batch_size=768, base_learning_rate=1e-4).peak_learning_rate == pytest.approx(3e-4)
-    assert VARTrainConfig(batch_size=1024, base_learning_rate=8e-5).peak_learning_rate == pytest.approx(3.2e-4)
-    recipe = VARRecipe(_cfg(tmp_path, batch_size=16, base_learning_rate=2e-3))
+    optim = VARTrainConfig().optim
+    assert optim.peak_lr(768) == pytest.approx(3e-4)
+    assert dataclasses.replace(optim, base_learning_rate=8e-5).peak_lr(1024) == pytest.approx(3.2e-4)
+    recipe = VARRecipe(_cfg(tmp_path, batch_size=16, optim=dataclasses.replace(optim, base_learning_rate=2e-3)))
     optimizer = recipe.build(CPU).phases[0].optimizer
     assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([2e-3 * 16 / 256] * 2)
     assert optimizer.defaults["betas"] == (0.9, 0.95)
@@ -206,7 +207,7 @@ def test_learning_rate_is_base_times_batch_over_256(tmp_path: Path) -> None:
 
 
 def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
-    tokenizer = load_tokenizer("", "debug", PATCH_NUMS, seed=0)
+    tokenizer = load_tokenizer("", "vqvae_debug", PATCH_NUMS, seed=0)
     fake = open_split(DataConfig(kind="fake", fake_size=24), "train", VarResizeCrop(16), fake_classes=4)
     assert fake is not None and isinstance(fake.images, TensorImageDataset)
     data = fake.images
@@ -219,7 +220,7 @@ def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
     assert cache.labels.tolist() == data.labels_N.tolist()
     assert check_token_cache(tmp_path / "c", spec) == ("ok", [])
 
-    other = load_tokenizer("", "debug", PATCH_NUMS, seed=1)  # different weights
+    other = load_tokenizer("", "vqvae_debug", PATCH_NUMS, seed=1)  # different weights
     stale = TokenCacheSpec(tokenizer_sha256(other), PATCH_NUMS, 30, 64, desc)
     assert check_token_cache(tmp_path / "c", stale) == ("stale", ["tokenizer_sha256"])
     grown = dataclasses.replace(spec, dataset={"kind": "fake", "size": 25})
@@ -237,16 +238,16 @@ def test_tokenizer_loads_from_a_tokenizer_run_checkpoint_and_checks_its_preset(t
     from trainlab.models.var.vqvae import VQVAE
 
     torch.manual_seed(0)
-    weights = VQVAE(VQVAEConfig.preset("digits", PATCH_NUMS)).state_dict()
+    weights = VQVAE(vqvae_config("vqvae_digits", PATCH_NUMS)).state_dict()
     other = {"conv.weight": torch.zeros(1)}  # e.g. the discriminator of a `trainlab train tokenizer` run
     path = tmp_path / "last.pt"
     torch.save({"format": "trainlab-checkpoint", "models": {"vqvae": weights, "discriminator": other}}, path)
-    for preset in ("digits", "auto"):
+    for preset in ("vqvae_digits", "auto"):
         tokenizer = load_tokenizer(str(path), preset, PATCH_NUMS)
         assert not any(p.requires_grad for p in tokenizer.parameters()) and not tokenizer.training
         assert torch.equal(tokenizer.quantize.embedding.weight, weights["quantize.embedding.weight"])
-    with pytest.raises(UsageError, match="do not fit --tokenizer-config official"):
-        load_tokenizer(str(path), "official", PATCH_NUMS)
+    with pytest.raises(UsageError, match="do not fit --tokenizer-model vqvae_official"):
+        load_tokenizer(str(path), "vqvae_official", PATCH_NUMS)
     with pytest.raises(UsageError, match=r"huggingface\.co"):
         load_tokenizer(str(tmp_path / "missing.pth"), "official", PATCH_NUMS)
 
@@ -340,7 +341,9 @@ def test_more_dataset_classes_than_model_classes_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _write_folder(tmp_path / "data", classes=("a", "b", "c"), broken=False)
-    args = _cli(tmp_path, "--data.root", str(tmp_path / "data"), "--num-classes", "2", "--tokenizer-config", "debug")
+    args = _cli(
+        tmp_path, "--data.root", str(tmp_path / "data"), "--num-classes", "2", "--tokenizer-model", "vqvae_debug"
+    )
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "has 3 classes but the model has --num-classes 2" in err[-1]
@@ -356,7 +359,7 @@ def test_bad_inputs_are_one_line_errors(
     root = tmp_path / "data"
     if layout == "flat":
         _write_image(root / "train" / "lonely.jpg", seed=1)
-    extra = ["--tokenizer-config", "auto"] if layout == "no-tokenizer" else ["--tokenizer-config", "debug"]
+    extra = ["--tokenizer-model", "auto"] if layout == "no-tokenizer" else ["--tokenizer-model", "vqvae_debug"]
     assert main(_cli(tmp_path, "--data.root", str(root), *extra)) == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -374,7 +377,7 @@ def test_fp16_autocast_with_accumulation_runs_two_steps(tmp_path: Path) -> None:
 
 
 def test_pure_16_bit_weights_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(_cli(tmp_path, "--precision", "bf16", "--tokenizer-config", "debug")) == 2
+    assert main(_cli(tmp_path, "--precision", "bf16", "--tokenizer-model", "vqvae_debug")) == 2
     assert "fp16-amp-scale" in capsys.readouterr().err
 
 
@@ -413,9 +416,15 @@ def test_shipped_configs_parse_and_match_the_readme(depth: int) -> None:
     cfg = parse(VARTrainConfig, ["--config", str(path)], prog="t")
     bs, ep, tblr, alng, wpe, twde = README_ROWS[depth]
     assert (cfg.depth, cfg.batch_size, cfg.epochs, cfg.precision) == (depth, bs, ep, "fp16-amp-scale")
-    assert (cfg.base_learning_rate, cfg.init_adaln_gamma) == (tblr, alng)
+    assert (cfg.optim.base_learning_rate, cfg.init_adaln_gamma) == (tblr, alng)
+    assert (cfg.optim.name, cfg.optim.betas, cfg.optim.fused, cfg.tokenizer_model) == (
+        "adamw",
+        (0.9, 0.95),
+        True,
+        "vqvae_official",
+    )
     assert (cfg.schedule.kind, cfg.schedule.final_ratio, cfg.schedule.weight_decay_end) == ("var-lin0", wpe, twde)
-    assert cfg.schedule.warmup_fraction == 0.02 and cfg.clip_grad_norm == 2.0 and cfg.weight_decay == 0.05
+    assert cfg.schedule.warmup_fraction == 0.02 and cfg.clip_grad_norm == 2.0 and cfg.optim.weight_decay == 0.05
     assert load_yaml(path)["depth"] == depth
 
 

@@ -188,7 +188,7 @@ def test_bench_and_demo_check_their_output_folder_before_any_work(
         raise AssertionError("started a run before checking the output folder")
 
     monkeypatch.setattr(subprocess, "run", no_run)
-    assert main(["bench", "precision", "--run-dir", str(tmp_path / "afile"), "--model", "vgg_debug"]) == 2
+    assert main(["bench", "precision", "--run-dir", str(tmp_path / "afile"), "--model", "cifar_vgg_debug"]) == 2
     assert "--run-dir " + str(tmp_path / "afile") + " is a file" in capsys.readouterr().err
     import trainlab.demo.pipeline as pipeline
 

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from conftest import with_fields
 from torch import nn
 
 from trainlab import cli
@@ -31,17 +32,18 @@ from trainlab.config import to_dict
 from trainlab.engine.checkpoint import atomic_save, load_checkpoint, non_finite_weights
 from trainlab.engine.loop import Trainer
 from trainlab.engine.recipe import Phase, StepInfo, TrainParts
-from trainlab.engine.resume import check_config, may_change
+from trainlab.engine.resume import check_config, flatten, may_change
 from trainlab.errors import TrainingStopped, UsageError
 from trainlab.recipes import get_recipe, list_recipes
 from trainlab.recipes.toy import ToyConfig, ToyRecipe
 
 
 def _config(run_dir: Path, **overrides: Any) -> ToyConfig:
+    """The small toy run, with fields changed (`optim.learning_rate`: a field of the optimizer group)."""
     base = ToyConfig(
         run_dir=run_dir, num_samples=64, batch_size=16, epochs=2, log_every=1, tensorboard=False, progress=False
     )
-    return dataclasses.replace(base, **overrides)
+    return with_fields(base, overrides)
 
 
 def _train_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -112,18 +114,20 @@ class _DivergesAboveOne(ToyRecipe):
 
     def train_step(self, models: Mapping[str, nn.Module], batch: Any, phase: str, info: StepInfo) -> dict[str, Any]:
         out = super().train_step(models, batch, phase, info)
-        return {**out, "loss": out["loss"] * math.nan} if self.config.learning_rate > 1 else out
+        return {**out, "loss": out["loss"] * math.nan} if self.config.optim.learning_rate > 1 else out
 
 
 def test_a_diverged_run_resumes_with_a_lower_learning_rate_as_the_message_says(tmp_path: Path, caplog: Any) -> None:
     constant = dataclasses.replace(ToyConfig().schedule, kind="constant")
     Trainer(_DivergesAboveOne(_config(tmp_path, max_steps=4, schedule=constant))).fit()
     with pytest.raises(TrainingStopped, match=r"diverged at step 5 .*lower the learning rate"):
-        Trainer(_DivergesAboveOne(_config(tmp_path, learning_rate=5.0, schedule=constant))).fit()
+        Trainer(_DivergesAboveOne(_config(tmp_path, **{"optim.learning_rate": 5.0, "schedule": constant}))).fit()
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["step"] == 4  # the last good checkpoint
     with caplog.at_level("INFO"):
-        result = Trainer(_DivergesAboveOne(_config(tmp_path, learning_rate=0.05, schedule=constant))).fit()
-    assert result.step == 8 and "learning_rate 0.1 -> 0.05" in caplog.text
+        result = Trainer(
+            _DivergesAboveOne(_config(tmp_path, **{"optim.learning_rate": 0.05, "schedule": constant}))
+        ).fit()
+    assert result.step == 8 and "optim.learning_rate 0.1 -> 0.05" in caplog.text
     rows = _train_rows(tmp_path)
     assert [r["lr"] for r in rows if r["step"] > 4] == [0.05] * 4  # applied from the checkpoint's step on
     assert [r["lr"] for r in rows if r["step"] <= 4] == [0.1] * 4
@@ -142,21 +146,24 @@ def test_the_resumed_random_state_is_restored_when_fit_starts(tmp_path: Path) ->
 @pytest.mark.parametrize("name", list_recipes())
 def test_every_learning_rate_clipping_and_loss_scale_may_change_and_nothing_else_by_accident(name: str) -> None:
     recipe_cls = get_recipe(name)
-    fields = {f.name for f in dataclasses.fields(recipe_cls.config_class)}
+    fields = set(flatten(to_dict(recipe_cls.config_class()))) | {
+        f.name for f in dataclasses.fields(recipe_cls.config_class)
+    }
     assert set(recipe_cls.resume_may_change) <= fields, "resume_may_change names a field the config does not have"
+    fixed = ("seed", "epochs", "batch_size", "precision", "grad_accumulation", "schedule", "optim.weight_decay")
     for field in fields:
         changeable = may_change(field, recipe_cls.resume_may_change)
         if field.endswith("learning_rate") or field in ("clip_grad_norm", "static_loss_scale", "max_skipped_steps"):
             assert changeable, field
-        if field in ("seed", "epochs", "batch_size", "precision", "grad_accumulation", "schedule", "weight_decay"):
+        if field in fixed or field.startswith("schedule."):
             assert not changeable, field
 
 
 def test_evaluation_only_settings_may_change() -> None:
     moco = get_recipe("moco").resume_may_change
-    assert {"knn_k", "knn_temperature", "eval_subset", "eval_batch_size"} <= set(moco)
-    assert {"eval_size", "eval_batch_size", "inception_weights"} <= set(get_recipe("tokenizer").resume_may_change)
-    assert {"eval_batch_size", "eval_max_images"} <= set(get_recipe("var").resume_may_change)
+    assert {"knn_k", "knn_temperature", "data.eval_limit", "eval_batch_size"} <= set(moco)
+    assert {"eval_batch_size", "inception_weights"} <= set(get_recipe("tokenizer").resume_may_change)
+    assert {"eval_batch_size", "data.eval_limit"} <= set(get_recipe("var").resume_may_change)
 
 
 def test_a_config_less_checkpoint_is_refused(tmp_path: Path) -> None:
@@ -306,7 +313,7 @@ class _BatchNormToy(ToyRecipe):
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         model = nn.Sequential(nn.Linear(c.num_features, c.hidden), nn.BatchNorm1d(c.hidden), nn.Linear(c.hidden, 4))
-        optimizer = torch.optim.SGD(model.parameters(), lr=c.learning_rate)
+        optimizer = torch.optim.SGD(model.parameters(), lr=c.optim.learning_rate)
         return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])])
 
     def after_optimizer_step(self, models: Mapping[str, nn.Module], phase: str, info: StepInfo) -> dict[str, float]:
@@ -326,7 +333,7 @@ def test_fp16_update_overflow_is_the_divergence_path(tmp_path: Path) -> None:
     """lr 1e6 on fp16 weights: SGD's `add_(grad, alpha=-lr)` cannot convert 1e6 to fp16 (largest 65504)."""
     Trainer(ToyRecipe(_config(tmp_path, precision="fp16-scale", max_steps=2))).fit()
     with pytest.raises(TrainingStopped, match=r"diverged at step 3: .*float16 weights.*lower the learning rate"):
-        Trainer(ToyRecipe(_config(tmp_path, precision="fp16-scale", learning_rate=1e6))).fit()
+        Trainer(ToyRecipe(_config(tmp_path, **{"precision": "fp16-scale", "optim.learning_rate": 1e6}))).fit()
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["step"] == 2
 
 

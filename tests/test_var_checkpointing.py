@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainlab.cli import main
-from trainlab.engine.recipe import StepInfo
+from trainlab.engine.recipe import StepInfo, apply_activation_checkpointing
 from trainlab.engine.seeding import seed_everything
 from trainlab.memory.breakdown import breakdown
 from trainlab.memory.gpus import gpu_profile
@@ -28,8 +28,9 @@ def _recipe(tmp_path: Path, checkpointing: bool, **overrides: object) -> VARReci
 def _loss_and_gradients(recipe: VARRecipe) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     seed_everything(recipe.config.seed)
     parts = recipe.build(torch.device("cpu"))
+    assert apply_activation_checkpointing(recipe, parts) == ["var"]  # what the engine does after building
     var = parts.models["var"].train()
-    assert var.activation_checkpointing == recipe.config.activation_checkpointing
+    assert var.grad_checkpointing == recipe.config.activation_checkpointing
     batch = recipe.example_batch(4)
     info = StepInfo(step=0, total_steps=10, steps_per_epoch=10, epoch=0, log_now=True)
     torch.manual_seed(1)  # class dropout and drop path draw from the global RNG

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from trainlab import cli
+from trainlab.models.var.convert import export_official
 from trainlab.models.var.edit import edit_images, edit_tokens, encode_tokens, kept_token_maps
-from trainlab.models.var.loading import export_official
 from trainlab.models.var.sample import generate, sample_images, sample_tokens
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from trainlab.errors import UsageError
 from trainlab.losses.token_cross_entropy import token_cross_entropy
 from trainlab.models.var.blocks import AdaLNSelfAttn
-from trainlab.models.var.loading import build_var, export_official, infer_var_config, load_official, read_state_dict
+from trainlab.models.var.convert import build_var, export_official, infer_var_config, load_official, read_state_dict
 from trainlab.models.var.transformer import PATCH_NUMS_512, VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from trainlab.errors import UsageError
-from trainlab.models.var.loading import export_official
+from trainlab.models.var.convert import export_official
 from trainlab.models.var.sample import (
     cpu_multinomial_is_exponential_argmax,
     filter_top_k_top_p_,

@@ -13,7 +13,7 @@ from trainlab.cli import main as cli_main
 from trainlab.commands.sample import main
 from trainlab.data.token_cache import tokenizer_sha256
 from trainlab.errors import UsageError
-from trainlab.models.var.loading import export_official, load_official, load_tokenizer
+from trainlab.models.var.convert import export_official, load_official, load_tokenizer
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig
 
@@ -101,7 +101,7 @@ def test_unwritable_outputs_fail_before_sampling(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     Path("a_file").write_text("x")
-    import trainlab.models.var.loading as loading
+    import trainlab.models.var.convert as loading
 
     monkeypatch.setattr(loading, "load_official", lambda *a: pytest.fail("loaded weights before checking outputs"))
     argv = ["--tokenizer-weights", str(var_run["vae"]), "--var-weights", str(var_run["ckpt"]), "--classes", "1"]

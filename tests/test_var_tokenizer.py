@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.errors import UsageError
+from trainlab.models.var.codebook import code_counts, code_usage, usage_from_counts
 from trainlab.models.var.quantizer import MultiScaleQuantizer, phi_index_table
 from trainlab.models.var.vqvae import VQVAE, VQVAEConfig, infer_vqvae_config
 from trainlab.models.var.vqvae_blocks import AttnBlock, Upsample
@@ -139,13 +140,17 @@ def test_idx_round_trip_and_ar_steps_match_teacher_forcing(debug_vqvae: VQVAE) -
 
 
 def test_codebook_usage_stats() -> None:
-    q = MultiScaleQuantizer(4, 2, (1, 2))
-    stats = q.codebook_usage([torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)])
-    assert stats["used_frac"] == 0.25 and stats["dead_codes"] == 3.0 and stats["perplexity"] == pytest.approx(1.0)
-    stats = q.codebook_usage([torch.tensor([[0]]), torch.tensor([[0, 1, 2, 3]])])
-    assert stats["used_frac"] == 1.0 and stats["used_frac/s0"] == 0.25 and stats["dead_codes"] == 0.0
+    """The one code-usage statistic (`codebook.code_usage`), pooled and per scale, from codes or summed counts."""
+    usage = code_usage([torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)], vocab_size=4)
+    assert float(usage.used_frac) == 0.25 and float(usage.dead_codes) == 3.0
+    assert float(usage.perplexity) == pytest.approx(1.0)
+    idx_list = [torch.tensor([[0]]), torch.tensor([[0, 1, 2, 3]])]
+    usage = code_usage(idx_list, vocab_size=4)
+    assert float(usage.used_frac) == 1.0 and usage.used_frac_S.tolist() == [0.25, 1.0] and float(usage.dead_codes) == 0
     p = torch.tensor([2, 1, 1, 1]) / 5.0
-    assert stats["perplexity"] == pytest.approx(math.exp(-(p * p.log()).sum().item()))
+    assert float(usage.perplexity) == pytest.approx(math.exp(-(p * p.log()).sum().item()))
+    summed = usage_from_counts(code_counts(idx_list, 4) + code_counts(idx_list, 4))  # two batches' counts
+    assert summed.counts_V.tolist() == [4, 2, 2, 2] and summed.used_frac_S.tolist() == [0.25, 1.0]
 
 
 def test_wrong_latent_size_is_a_usage_error(debug_vqvae: VQVAE) -> None:

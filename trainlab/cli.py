@@ -7,6 +7,7 @@
     trainlab sample --tokenizer-weights PATH --var-weights PATH ...  (sample from VAR weights)
     trainlab demo [--quick]                                          (tokenizer + VAR on bundled digits, judged)
     trainlab launch [torchrun options] COMMAND ...                   (torchrun, exiting with the workers' code)
+    trainlab doctor [RECIPE [train flags]] [--json]                  (checks this machine before a long run)
 
 Flags are one vocabulary across commands (`trainlab/vocabulary.py`). The dispatcher imports a command's module when
 it runs, and a command imports torch when it needs it: `--help`, `runs`, `report` and usage errors load no torch.
@@ -43,6 +44,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "edit": ("trainlab.commands.edit:main", "in-paint / out-paint / class-edit an image with VAR weights (zero-shot)"),
     "eval": ("trainlab.commands.eval:main", "MoCo backbones (`eval knn|linear-probe`), samples (`eval fid|judge`)"),
     "demo": ("trainlab.commands.demo:main", "tokenizer + VAR trained on bundled digits, then judged (--quick: 2 min)"),
+    "doctor": ("trainlab.commands.doctor:main", "check the machine before a long run: GPUs, versions, shm, disk, data"),
 }
 LAUNCH_HELP = "torchrun for trainlab: `trainlab launch --nproc-per-node 2 train toy ...` exits with the workers' code"
 

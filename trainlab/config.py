@@ -370,10 +370,20 @@ def _build(cls: type[T], data: dict[str, Any], where: str) -> T:
     for name, value in data.items():
         tp, f = known[name]
         if dataclasses.is_dataclass(tp):
+            default = _default_group(f)  # a partial group keeps the field's own defaults for what it leaves out
+            if isinstance(value, dict) and default is not None:
+                value = merge(to_dict(default), value)
             kwargs[name] = _build(tp, value, f"{where}.{name}")  # type: ignore[arg-type]
         else:
             kwargs[name] = _convert(_upgrade_value(value, f, f"{where}.{name}"), tp, f"{where}.{name}")
     return cls(**kwargs)
+
+
+def _default_group(f: dataclasses.Field[Any]) -> Any:
+    """The default instance of a nested-config field (`option(ScheduleConfig(kind="cosine"), ...)`), or None."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 # ------------------------------------------------------------------------------------------ renamed settings
@@ -387,7 +397,9 @@ def deprecated_keys(cls: type, prefix: str = "") -> dict[str, str]:
             continue
         for flag in f.metadata.get("deprecated", ()):
             key = flag.lstrip("-").replace("-", "_")
-            if key != dotted:  # `--label` before `flag="--class"`: the YAML key is still the field's name
+            # `--label` before `flag="--class"`, or a group's former flat key with the group read on its own: the
+            # YAML key is still the field's own name, nothing to rename
+            if key != dotted:
                 renames[key] = dotted
     return renames
 
@@ -635,6 +647,10 @@ def _add_arguments(
             help=help_text,
         )
         for former in f.metadata.get("deprecated", ()):
+            # a group's former flat flag, the group parsed on its own, is the field's own flag (`--label` before
+            # `flag="--class"` is not: the field's flag is `--class`)
+            if former == field_flag(dotted, f):
+                continue
             parser.add_argument(
                 former,
                 dest=dotted,
@@ -766,7 +782,7 @@ FOREIGN_FLAGS: dict[str, tuple[str, ...]] = {
     "--accelerator": ("--device",),
 }
 _FOREIGN_NOTES = {
-    "--lr": "(per 256 images in recipes with --base-learning-rate; the peak rate otherwise)",
+    "--lr": "(per 256 images in recipes with --optim.base-learning-rate; the peak rate otherwise)",
     "--mixed-precision": "(Accelerate's no / fp16 / bf16 are --precision fp32 / fp16-amp-scale / bf16-amp)",
     "--amp": "(autocast is --precision bf16-amp or fp16-amp-scale)",
     "--amp-dtype": "(timm's float16 / bfloat16 autocast are --precision fp16-amp-scale / bf16-amp)",

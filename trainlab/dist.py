@@ -8,6 +8,19 @@ Errors under torchrun: a user error found by some ranks only (the run-dir lock a
 and raises the same one-line error on all of them, so every rank exits with the same code; the CLI prints the line
 on rank 0 only and records it in torchrun's error file (`trainlab.launcher`, which reads torchrun's environment
 without importing torch, and runs `trainlab launch`).
+
+Named failures instead of silent hangs and cryptic errors:
+- Timeouts. The training collectives (DDP's gradient all-reduce, the metric and stop-flag reductions) run in the
+  main process group with the run's `--dist-timeout` (default 300 s, below NCCL's own 10 minutes). Waits on work that
+  rank 0 does alone (an evaluation, a checkpoint write, a cache build) go through a gloo side group with the long
+  timeout `LONG_WAIT_S`: `barrier(what)` and the object collectives (`raise_together` included). A barrier that times
+  out names the ranks that did not arrive (`monitored_barrier`), and a training collective that times out asks every
+  rank to answer once more and names those that do not (`raise_named`): `StuckRanks`, one line. (Under NCCL a
+  timed-out collective is ended by NCCL's watchdog, which reports the collective and the rank that timed out.)
+- Parameters without a gradient. With `find_unused_parameters=False` DDP fails one step later with "Expected to have
+  finished reduction in the prior iteration ..." and does not say which parameters. `unused_parameters` names them
+  after the first backward (the engine calls it at each phase's first step), and `raise_named` translates the
+  PyTorch error, should it still happen, into the same line: `unused_parameters_line`.
 """
 
 from __future__ import annotations
@@ -15,21 +28,33 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TypeVar
 
 import torch
 import torch.distributed as torch_dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from trainlab.errors import UsageError
+from trainlab.errors import TrainingStopped, UsageError
 from trainlab.launcher import expect_launcher_stop, launched_by_torchrun, local_rank
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+LONG_WAIT_S = 1800.0  # waits on rank 0's own work (evaluation, checkpoint writes, caches): the former group timeout
+STUCK_PROBE_S = 60.0  # after a timed-out collective: how long the ranks that are still alive wait for the others
+UNUSED_SHOWN = 8  # parameter names quoted in the one-line message
+_monitor: torch_dist.ProcessGroup | None = None  # the gloo side group (long timeout, monitored barriers)
+_timeout_s = LONG_WAIT_S
+
+
+class StuckRanks(TrainingStopped):
+    """Some ranks did not reach a collective in time (stuck, or dead): one line naming them."""
 
 
 def is_initialized() -> bool:
@@ -52,19 +77,31 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init(device_type: str) -> None:
+def init(device_type: str, timeout_s: float = LONG_WAIT_S) -> None:
     """Create the process group when launched by torchrun with WORLD_SIZE > 1; otherwise do nothing.
 
-    The backend is chosen explicitly and logged: NCCL for CUDA, gloo for CPU.
+    The backend is chosen explicitly and logged: NCCL for CUDA, gloo for CPU. Collectives of the main group give up
+    after `timeout_s`; a gloo side group with the long timeout serves barriers and object collectives (see the module
+    docstring).
     """
+    global _monitor, _timeout_s
     if is_initialized() or not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
         return
     exit_with_parent()
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
         torch.cuda.set_device(local_rank())
-    torch_dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
-    log.info("distributed: backend=%s rank=%d world_size=%d", backend, rank(), world_size())
+    torch_dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    _timeout_s = timeout_s
+    side = torch_dist.new_group(backend="gloo", timeout=timedelta(seconds=max(LONG_WAIT_S, timeout_s)))
+    _monitor = side if isinstance(side, torch_dist.ProcessGroup) else None
+    log.info(
+        "distributed: backend=%s rank=%d world_size=%d (collectives time out after %g s)",
+        backend,
+        rank(),
+        world_size(),
+        timeout_s,
+    )
 
 
 def exit_with_parent() -> None:
@@ -90,12 +127,14 @@ def cleanup(synchronize: bool = False) -> None:
     `synchronize=True` (after a run every rank finished) first waits for every rank, so no rank tears down its
     transport while another is still saving or in a collective; after a failure it is skipped (a barrier could hang).
     """
+    global _monitor
     if not is_initialized():
         return
     if synchronize:
-        torch_dist.barrier()
+        barrier("the end of the run")
     gc.collect()  # release process-group references held by dropped DDP wrappers and pending work first
     torch_dist.destroy_process_group()
+    _monitor = None
 
 
 def raise_together(check: Callable[[], T]) -> T:
@@ -130,10 +169,119 @@ def raise_together(check: Callable[[], T]) -> T:
     return result  # type: ignore[return-value]
 
 
-def barrier() -> None:
-    """Wait for every rank (nothing in a single process)."""
-    if is_initialized():
+def barrier(what: str = "a barrier", timeout_s: float | None = None) -> None:
+    """Wait for every rank (nothing in a single process); after `timeout_s` (default `LONG_WAIT_S`) stop with a
+    `StuckRanks` line naming the ranks that did not arrive at `what`."""
+    if not is_initialized():
+        return
+    if _monitor is None:
         torch_dist.barrier()
+        return
+    wait = LONG_WAIT_S if timeout_s is None else timeout_s
+    try:
+        torch_dist.monitored_barrier(group=_monitor, timeout=timedelta(seconds=wait), wait_all_ranks=True)
+    except RuntimeError as err:
+        raise StuckRanks(_stuck_line(str(err), what, wait)) from None
+
+
+def _stuck_line(message: str, what: str, waited_s: float) -> str:
+    """One line from a failed monitored barrier: rank 0 learns which ranks are missing, the others that rank 0
+    gave up (or is itself the one missing)."""
+    found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", message)
+    if found:
+        ranks = [int(r) for r in re.findall(r"\d+", found.group(1))]
+        who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} of {world_size()}"
+        return (
+            f"{who} did not reach {what} within {waited_s:g} s (stuck in a collective or a data loader, or dead): "
+            "their log lines ([rank N]) say where; every rank stops, the last checkpoint is kept; resume with the "
+            "same command (raise --dist-timeout if that rank was only slow)"
+        )
+    return (
+        f"rank {rank()} stopped waiting at {what} after {waited_s:g} s: rank 0 did not answer (see rank 0's log); "
+        "the last checkpoint is kept; resume with the same command"
+    )
+
+
+def raise_named(err: RuntimeError, wrapped: Mapping[str, nn.Module], step: int) -> None:
+    """Raise a one-line error for a failure the engine can explain (else return, and the caller re-raises `err`):
+    DDP's "Expected to have finished reduction" (naming the parameters), or a collective that timed out (naming
+    the ranks that no longer answer)."""
+    message = str(err)
+    if "Expected to have finished reduction" in message:
+        names = _parameters_from_ddp_error(message, wrapped)
+        raise UsageError(unused_parameters_line(names, step=step, ddp=True)) from None
+    if is_initialized() and world_size() > 1 and ("Timed out" in message or "timed out" in message):
+        log.error("a collective timed out at step %d after %g s: asking every rank to answer", step, _timeout_s)
+        barrier(
+            f"optimizer step {step} (a collective timed out after {_timeout_s:g} s)", min(STUCK_PROBE_S, _timeout_s)
+        )
+        raise StuckRanks(
+            f"a collective of optimizer step {step} timed out after {_timeout_s:g} s, yet every rank answered "
+            "afterwards: one rank was slower than --dist-timeout (a long first compile, a slow disk); raise "
+            "--dist-timeout and resume with the same command"
+        ) from None
+
+
+def ddp_parameter_names(module: DistributedDataParallel) -> list[str]:
+    """The names of a DDP module's parameters in the order of DDP's reducer (the indices its errors quote):
+    module by module (`named_modules`), each module's own parameters that require gradients, shared ones once."""
+    ignored = set(getattr(module, "parameters_to_ignore", ()))
+    names, seen = [], set()
+    for module_name, sub in module.module.named_modules():
+        for param_name, p in sub.named_parameters(recurse=False):
+            full = f"{module_name}.{param_name}" if module_name else param_name
+            if p.requires_grad and full not in ignored and id(p) not in seen:
+                seen.add(id(p))
+                names.append(full)
+    return names
+
+
+def _parameters_from_ddp_error(message: str, wrapped: Mapping[str, nn.Module]) -> list[str]:
+    """The parameter names DDP's error quotes (by name under TORCH_DISTRIBUTED_DEBUG, else by index)."""
+    by_name = re.search(r"Parameters which did not receive grad for rank \d+: ([^\n]+)", message)
+    if by_name:
+        return [n.strip() for n in by_name.group(1).split(",") if n.strip()]
+    by_index = re.search(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)", message)
+    ddp: list[tuple[str, DistributedDataParallel]] = []
+    for model_name, module in wrapped.items():
+        inner = getattr(module, "_orig_mod", module)  # under torch.compile
+        if isinstance(inner, DistributedDataParallel):
+            ddp.append((model_name, inner))
+    if not by_index or len(ddp) != 1:
+        return []
+    model_name, ddp_module = ddp[0]
+    order = ddp_parameter_names(ddp_module)
+    indices = [int(i) for i in by_index.group(1).split()]
+    return [f"{model_name}.{order[i]}" for i in indices if i < len(order)]
+
+
+def unused_parameters(named: Sequence[tuple[str, torch.Tensor]]) -> list[str]:
+    """Names of the parameters whose gradient is None after a backward on any rank (collective when a process
+    group exists: every rank calls it at the same step with the same parameters)."""
+    if not named:
+        return []
+    missing = [p.grad is None for _, p in named]
+    if is_initialized() and world_size() > 1:
+        flags = torch.tensor(missing, dtype=torch.float32, device=named[0][1].device)
+        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
+        missing = [bool(f) for f in flags.tolist()]
+    return [name for (name, _), m in zip(named, missing) if m]
+
+
+def unused_parameters_line(names: Sequence[str], *, step: int, ddp: bool) -> str:
+    """The one line that names parameters without a gradient and the two fixes."""
+    shown = ", ".join(names[:UNUSED_SHOWN]) + (
+        f" and {len(names) - UNUSED_SHOWN} more" if len(names) > UNUSED_SHOWN else ""
+    )
+    what = f"parameters that received no gradient at step {step + 1}: {shown or 'not named by PyTorch'}"
+    if ddp:
+        consequence = "DDP cannot finish its gradient reduction ('Expected to have finished reduction')"
+    else:
+        consequence = "under torchrun DDP would stop at the next step ('Expected to have finished reduction')"
+    return (
+        f"{what}; {consequence}: remove them from the model (or make the loss use them), or pass "
+        "--ddp-find-unused-parameters (slower: DDP then searches the graph every step)"
+    )
 
 
 def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
@@ -157,20 +305,21 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 
 
 def broadcast_object(obj: object) -> object:
-    """Send a picklable object from rank 0 to every rank."""
+    """Send a picklable object from rank 0 to every rank (on the side group: the others may wait for rank 0's
+    evaluation as long as `LONG_WAIT_S`)."""
     if not is_initialized():
         return obj
     box = [obj]
-    torch_dist.broadcast_object_list(box, src=0)
+    torch_dist.broadcast_object_list(box, src=0, group=_monitor)
     return box[0]
 
 
 def all_gather_object(obj: object) -> list[object]:
-    """Every rank's picklable `obj`, in rank order (`[obj]` in a single process)."""
+    """Every rank's picklable `obj`, in rank order (`[obj]` in a single process; on the side group)."""
     if not is_initialized():
         return [obj]
     gathered: list[object] = [None] * world_size()
-    torch_dist.all_gather_object(gathered, obj)
+    torch_dist.all_gather_object(gathered, obj, group=_monitor)
     return gathered
 
 

@@ -59,7 +59,7 @@ VOCABULARY: tuple[Term, ...] = (
         "the command's own folder: what it records (config.yaml, metrics.jsonl, checkpoints, its report), locked "
         "while it runs; launched again on the same folder, the command resumes",
         "DIR",
-        ("train *", "eval linear-probe", "bench precision", "demo"),
+        ("train *", "eval linear-probe", "bench precision", "demo", "doctor"),
         former=("--out-dir",),  # bench precision
     ),
     Term(
@@ -121,6 +121,7 @@ VOCABULARY: tuple[Term, ...] = (
             "eval fid",
             "eval judge",
             "demo",
+            "doctor",
         ),
     ),
     Term(
@@ -142,7 +143,7 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--classes", "class ids (several)", "ID", ("sample",)),
     Term("--class", "a class id (one)", "ID", ("edit",), former=("--label",)),
     Term("--samples", "generated images: a folder of PNGs or an .npz", "DIR|NPZ", ("eval fid", "eval judge")),
-    Term("--json", "print a machine-readable answer instead of the table", None, ("runs", "plan")),
+    Term("--json", "print a machine-readable answer instead of the table", None, ("runs", "plan", "doctor")),
 )
 
 

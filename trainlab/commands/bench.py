@@ -23,10 +23,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from trainlab.config import option, parse
+from trainlab.data.cifar_config import CifarData, upgrade_fake_data
+from trainlab.engine.device import DEVICE_HELP
 from trainlab.engine.precision_names import LAB_PRECISIONS, PrecisionName
 from trainlab.engine.run_lock import RunDirLock
 from trainlab.errors import UsageError, check_output_path
-from trainlab.recipes.cifar import CifarData, upgrade_fake_data
+from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,9 @@ SHOWN_ENV = "TRAINLAB_BENCH_SHOWN"  # JSON list of the warnings the bench printe
 class PrecisionBenchConfig:
     """Run the CIFAR-10 recipe under every precision mode, then tabulate and plot."""
 
-    model: str = option("resnet18", "model name (see `trainlab train cifar --help`)")
+    model: CifarModel = option(
+        "cifar_resnet18", "the CIFAR recipe's --model (registry name)", deprecated_values=FORMER_CIFAR_NAMES
+    )
     epochs: int = option(30, "epochs per run", ge=1)
     num_seeds: int = option(
         1, "seeds per precision mode, 0 .. N-1 (mean ± std across them)", metavar="N", ge=1, deprecated=("--seeds",)
@@ -49,7 +53,7 @@ class PrecisionBenchConfig:
         metavar="DIR",
         deprecated=("--out-dir",),
     )
-    device: str = option("auto", "cpu, cuda, cuda:N or auto")
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(128, "global batch size", gt=0)
     learning_rate: float = option(0.1, "peak learning rate", gt=0)
     data: CifarData = option(CifarData(), "which images (as `trainlab train cifar`; fake: quick checks)")
@@ -62,10 +66,6 @@ class PrecisionBenchConfig:
 
     def validate(self) -> None:
         self.data, self.fake_data = upgrade_fake_data(self.data, self.fake_data), 0
-        from trainlab.models.registry import list_models
-
-        if self.model not in list_models():  # a registry, not a Literal: models register themselves
-            raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
 
 
 class _Collect(logging.Handler):
@@ -96,7 +96,7 @@ def _collect_warnings() -> Iterator[_Collect]:
 def runnable_modes(modes: Sequence[str], device_name: str) -> tuple[list[str], list[str]]:
     """The modes this device can run (the others are skipped with a logged reason, never silently), and the warnings
     their checks gave, each logged once with the modes it concerns (rather than once per mode and again per run)."""
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
     from trainlab.engine.precision import Precision, check_device_support
 
     device = resolve_device(device_name)
@@ -147,7 +147,7 @@ def _train_command(cfg: PrecisionBenchConfig, mode: str, seed: int, run_dir: Pat
     return [
         sys.executable, "-m", "trainlab.commands.bench", "train", "cifar",
         "--model", cfg.model, "--precision", mode, "--seed", str(seed), "--epochs", str(cfg.epochs),
-        "--batch-size", str(cfg.batch_size), "--learning-rate", str(cfg.learning_rate), "--device", cfg.device,
+        "--batch-size", str(cfg.batch_size), "--optim.learning-rate", str(cfg.learning_rate), "--device", cfg.device,
         "--data.kind", cfg.data.kind, "--data.root", str(cfg.data.root), "--data.fake-size", str(cfg.data.fake_size),
         "--data.train-limit", str(cfg.data.train_limit), "--data.eval-limit", str(cfg.data.eval_limit),
         "--data.download", str(cfg.data.download).lower(), "--max-steps", str(cfg.max_steps),

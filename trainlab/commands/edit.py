@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Literal
 
 from trainlab.commands.sample import MAX_GUIDANCE
 from trainlab.config import option, parse
+from trainlab.engine.device import DEVICE_HELP
 from trainlab.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: parsing the flags (and refusing bad ones) loads neither
@@ -79,7 +80,7 @@ class EditConfig:
     num_results: int = option(4, "results in the grid", metavar="N", ge=1, deprecated=("--n",))
     out: Path = option(help="the grid: original, mask overlay, results", metavar="PNG")
     save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
-    device: str = option("auto", "torch device: cpu, cuda, cuda:N or auto (cuda if available, else cpu)")
+    device: str = option("auto", DEVICE_HELP)
 
     def validate(self) -> None:
         from trainlab.commands.sample import _check_writable
@@ -214,9 +215,9 @@ def main(argv: list[str]) -> int:
     import torch
 
     from trainlab.commands.sample import _save_grid, check_tokenizer_matches
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
+    from trainlab.models.var.convert import load_official, read_state_dict
     from trainlab.models.var.edit import edit_tokens, encode_tokens, kept_token_maps
-    from trainlab.models.var.loading import load_official, read_state_dict
 
     device = resolve_device(config.device)
     vqvae, var = load_official(config.tokenizer_weights, config.var_weights)

@@ -2,8 +2,8 @@
 
 MoCo v3 backbones (trainlab run or official):
 trainlab eval knn --moco-weights runs/moco/ckpt/last.pt --data.kind digits --image-size 16
-trainlab eval knn --moco-weights '' --arch resnet_debug --data.kind digits      (random-init baseline)
-trainlab eval knn --features pixels --data.kind digits                        (raw-pixel baseline)
+trainlab eval knn --moco-weights '' --model tv_resnet_debug --data.kind digits  (random-init baseline)
+trainlab eval knn --features pixels --data.kind digits                          (raw-pixel baseline)
 trainlab eval linear-probe --moco-weights checkpoint_0099.pth.tar --data.kind cifar10 --image-size 32
 trainlab eval linear-probe --moco-weights CKPT --data.kind image-folder --data.root /data/imagenet --image-size 224
     (<root>/train/<class>/*, <root>/val/<class>/*: train RandomResizedCrop + flip, eval Resize + CenterCrop)
@@ -18,7 +18,7 @@ trainlab eval fid --samples samples/ --reference VIRTUAL_imagenet256_labeled.npz
     FID, Inception Score, precision/recall through torch-fidelity, Inception weights from the local file only; the
     reference's statistics are cached next to it (REF.fidelity-cache/); see trainlab/evaluate/fidelity.py
 trainlab eval judge --samples samples/ --judge-weights runs/demo/judge.safetensors
-    the demo judge's accuracy against the labels in the file names (NNNNNN_cCCCC.png), overall and per class
+    the digit judge's accuracy against the labels in the file names (NNNNNN_cCCCC.png), overall and per class
 Each prints one JSON line.
 """
 
@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Literal
 
 from trainlab.config import option, parse
 from trainlab.data.config import check_image_size, eval_limit_option
+from trainlab.engine.device import DEVICE_HELP
 from trainlab.errors import UsageError
-from trainlab.models.moco import MocoArch
-from trainlab.models.moco.vit import check_vit_image_size
+from trainlab.models.backbones.vit import check_vit_image_size
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
 from trainlab.recipes.linear_probe import DEFAULT_IMAGE_SIZE, DEFAULT_KIND, ProbeData
 from trainlab.recipes.moco import check_knn_k
 
@@ -70,7 +71,12 @@ class KnnConfig:
         deprecated=("--checkpoint",),
     )
     features: Literal["backbone", "pixels"] = option("backbone", "backbone features, or raw pixels (baseline)")
-    arch: MocoArch = option("resnet_debug", "backbone when --moco-weights is '' (the random-init baseline)")
+    model: MocoBackbone = option(
+        "tv_resnet_debug",
+        "backbone (registry name) when --moco-weights is '' (the random-init baseline)",
+        deprecated=("--arch",),
+        deprecated_values=FORMER_MOCO_BACKBONES,
+    )
     data: KnnData = option(KnnData(), "which images (default: the backbone's pretraining data)")
     image_size: int | None = option(None, "input side; default: the checkpoint's pretraining side, else 16", ge=1)
     k: int = option(200, "neighbours", ge=1)
@@ -78,7 +84,7 @@ class KnnConfig:
         0.1, "temperature of the exp(similarity / T) vote (below 0.02 it overflows float32)", ge=0.02
     )
     seed: int = option(0, "seed of the random init", ge=0, lt=2**63)
-    device: str = option("cpu", "cpu or cuda")
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(256, "feature-extraction batch size", ge=1)
 
     def validate(self) -> None:
@@ -88,8 +94,8 @@ class KnnConfig:
         size = self.image_size or (None if from_checkpoint else DEFAULT_IMAGE_SIZE)
         if size is not None:
             check_image_size(kind, size)
-            if self.features == "backbone" and not self.moco_weights:  # a random-init backbone of --arch
-                check_vit_image_size(self.arch, size)
+            if self.features == "backbone" and not self.moco_weights:  # a random-init backbone of --model
+                check_vit_image_size(self.model, size)
         check_knn_k(self.k, "--k", kind, self.data.eval_limit)
 
 
@@ -97,7 +103,7 @@ def _knn(argv: list[str]) -> int:
     import torch
 
     from trainlab.data.sources import eval_images
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
     from trainlab.recipes.linear_probe import load_backbone, resolve_eval_data
     from trainlab.recipes.moco import knn_of_features
 
@@ -113,7 +119,7 @@ def _knn(argv: list[str]) -> int:
         source = "raw pixels"
         features = partial(torch.flatten, start_dim=1)
     else:
-        model, source = load_backbone(c.moco_weights, c.arch, side)
+        model, source = load_backbone(c.moco_weights, c.model, side)
         model = model.to(device).eval()
         features = model.features
     acc = knn_of_features(features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature)
@@ -193,7 +199,7 @@ class FidConfig:
     feature_dims: Literal["2048", "768", "192", "64"] = option(
         "2048", "Inception features of FID and precision/recall: 2048 = standard FID; fewer for small sets"
     )
-    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda if available, else cpu")
+    device: str = option("auto", DEVICE_HELP)
     batch_size: int = option(64, "images per Inception forward pass", metavar="B", ge=1)
     decode_workers: bool = option(True, "decode images in torch-fidelity's DataLoader workers (false: in-process)")
     isc_splits: int = option(
@@ -204,20 +210,21 @@ class FidConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class JudgeConfig:
-    """The demo judge's accuracy on a labelled sample folder (labels from NNNNNN_cCCCC.png names)."""
+    """The digit judge's accuracy on a labelled sample folder (labels from NNNNNN_cCCCC.png names)."""
 
     samples: Path = option(
         help="labelled images: a folder of NNNNNN_cCCCC.png, or an .npz (arr_0, arr_1)", metavar="DIR|NPZ"
     )
     judge_weights: Path = option(
-        help="the demo's judge, e.g. runs/demo/judge.safetensors", metavar="PATH", deprecated=("--judge",)
+        help="a digit judge (trainlab train judge), e.g. runs/demo/judge.safetensors",
+        metavar="PATH",
+        deprecated=("--judge",),
     )
-    device: str = option("cpu", "cpu or cuda")
+    device: str = option("auto", DEVICE_HELP)
 
 
 def _fid(argv: list[str]) -> int:
-    import torch
-
+    from trainlab.engine.device import resolve_device
     from trainlab.evaluate.fidelity import (
         compare_image_sets,
         file_sha256,
@@ -227,10 +234,7 @@ def _fid(argv: list[str]) -> int:
     from trainlab.evaluate.image_sets import read_image_set
 
     c = parse(FidConfig, argv, prog="trainlab eval fid")
-    if c.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: CUDA is not available here; use --device cpu (or auto)")
-    use_cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = resolve_device(c.device)
     samples = read_image_set(c.samples, flag="--samples")
     reference = read_image_set(c.reference, flag="--reference")
     read_reference_mu_sigma(reference)  # a malformed reference batch fails before the network is loaded
@@ -252,10 +256,10 @@ def _fid(argv: list[str]) -> int:
 
 
 def _judge(argv: list[str]) -> int:
-    from trainlab.demo.judge import load_judge
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
     from trainlab.evaluate.image_sets import read_image_set
     from trainlab.evaluate.judge_accuracy import judged_accuracy
+    from trainlab.models.digit_judge import load_judge
 
     c = parse(JudgeConfig, argv, prog="trainlab eval judge")
     judge = load_judge(c.judge_weights, device=resolve_device(c.device))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainlab.config import option, parse
+from trainlab.engine.device import DEVICE_HELP, resolve_device
 from trainlab.errors import UsageError, check_output_path, first_line
 from trainlab.host_memory import host_allocator
 
@@ -80,7 +81,7 @@ class SampleConfig:
     out_dir: Path | None = option(None, "one PNG per image + samples.npz (resumable)", metavar="DIR")
     save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
     batch_size: int = option(16, "images per sampling batch", metavar="B", ge=1)
-    device: str = option("auto", "torch device: cpu, cuda, cuda:N or auto (cuda if available, else cpu)")
+    device: str = option("auto", DEVICE_HELP)
 
     def validate(self) -> None:
         if self.out is None and self.out_dir is None and self.save_tokens is None:
@@ -94,30 +95,8 @@ class SampleConfig:
         ):
             if path is not None:
                 _check_writable(flag, path, is_dir=is_dir)
-        self.torch_device()
-
-    def torch_device(self) -> torch.device:
-        """The device to sample on (`auto`: cuda when available, else cpu)."""
-        import torch
-
-        name = self.device
-        if name == "auto":
-            name = "cuda" if torch.cuda.is_available() else "cpu"
-        try:
-            device = torch.device(name)
-        except RuntimeError as err:
-            raise UsageError(f"unknown --device {self.device!r} (use auto, cpu, cuda, cuda:1, ...)") from err
-        if device.type == "cuda":
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if count == 0:
-                raise UsageError(f"--device {self.device}: CUDA is not available here; use --device cpu (or auto)")
-            if device.index is not None and device.index >= count:
-                raise UsageError(f"--device {self.device}: only {count} CUDA device(s) here (cuda:0..cuda:{count - 1})")
-        elif device.type == "mps" and not torch.backends.mps.is_available():
-            raise UsageError(f"--device {self.device}: MPS is not available here; use --device cpu (or auto)")
-        elif device.type not in ("cpu", "cuda", "mps"):
-            raise UsageError(f"--device {self.device}: not supported; use auto, cpu, cuda or cuda:N")
-        return device
+        if self.device != "auto":  # a device this machine lacks is refused before any weights are read
+            resolve_device(self.device)
 
 
 _check_writable = check_output_path  # the one output-location check (trainlab.errors), also used by `trainlab edit`
@@ -298,12 +277,12 @@ def main(argv: list[str]) -> int:
     """Run `trainlab sample`; returns the exit code (errors raise UsageError)."""
     timer = PhaseTimer()
     config = parse(SampleConfig, argv, prog="trainlab sample", epilog=__doc__ or "")
-    device = config.torch_device()
+    device = resolve_device(config.device)
 
     import torch
     from tqdm import tqdm
 
-    from trainlab.models.var.loading import load_official
+    from trainlab.models.var.convert import load_official
     from trainlab.models.var.sample import generate
 
     timer.lap("startup")

@@ -66,7 +66,7 @@ def resolve_auto_accumulation(recipe_cls: type[Recipe[Any]], config: TrainConfig
     """
     import torch
 
-    from trainlab.engine.loop import resolve_device
+    from trainlab.engine.device import resolve_device
     from trainlab.memory.gpus import GpuProfile
     from trainlab.memory.planner import auto_accumulation
     from trainlab.memory.trace import PlanDevice

@@ -1,15 +1,16 @@
 """`trainlab demo`: both VAR stages trained on a CPU, on handwritten digits that ship inside a PyPI package.
 
-    1. judge      an independent digit classifier trained on the real "train" digits (never sees a generated image)
+    1. judge      an independent digit classifier trained on the real "train" digits (`trainlab train judge`; never
+                  sees a generated image)
     2. tokenizer  the multi-scale VQVAE (`trainlab train tokenizer --config tokenizer_digits`), 16 px, 4 scales
     3. var        a class-conditional VAR on the tokenizer's token maps (`trainlab train var`, token cache)
     4. evaluate   samples for every class -> conditional accuracy and feature-space FID under the judge; held-out
                   reconstructions -> PSNR; figures and `report.json` / `report.md` in the run directory
 
-Both training stages run through the shared engine (`Trainer`), so the demo has what every run has: progress bars,
-`metrics.jsonl`, TensorBoard, checkpoints, SIGTERM / Ctrl-C saving. Running the demo again continues an interrupted
-stage from its `ckpt/last.pt` and skips finished ones (the engine resumes with `resume="auto"`); the judge is
-reloaded from `judge.safetensors`.
+All three training stages run through the shared engine (`Trainer`), so the demo has what every run has: progress
+bars, `metrics.jsonl`, TensorBoard, checkpoints, SIGTERM / Ctrl-C saving. Running the demo again continues an
+interrupted stage from its `ckpt/last.pt` and skips finished ones (the engine resumes with `resume="auto"`); a
+trained judge is reloaded from `judge.safetensors`.
 
 FID protocol: the judge's D=64 features of `samples_per_class` x 10 samples against the first half of the held-out
 digits (the same number per class); the floor is the FID between the two held-out halves (real vs real, same size).
@@ -33,23 +34,17 @@ from trainlab.config import check_ranges, from_dict, load_yaml, option, to_dict
 from trainlab.configs import config_path
 from trainlab.data.digits import NUM_CLASSES, load_digits_dataset, split_halves
 from trainlab.demo import figures as demo_figures
-from trainlab.demo.judge import (
-    DEMO_EPOCHS,
-    DigitJudge,
-    accuracy,
-    extract_features,
-    load_judge,
-    predict,
-    save_judge,
-    train_judge,
-)
 from trainlab.engine.loop import Trainer
 from trainlab.errors import check_output_path
-from trainlab.evaluate.fid import fid_from_features
+from trainlab.evaluate.features import extract_features
+from trainlab.evaluate.frechet import fid_from_features
+from trainlab.evaluate.judge_accuracy import accuracy, predict
 from trainlab.evaluate.psnr import psnr
+from trainlab.models.digit_judge import DigitJudge, load_judge, save_judge
 from trainlab.models.var.sample import sample_images
 from trainlab.models.var.transformer import VAR
 from trainlab.models.var.vqvae import VQVAE
+from trainlab.recipes.judge import JudgeConfig, JudgeRecipe
 from trainlab.recipes.tokenizer import TokenizerConfig, TokenizerRecipe
 from trainlab.recipes.var import VarData, VARRecipe, VARTrainConfig
 
@@ -80,7 +75,9 @@ class DemoConfig:
     )
     quick: bool = option(False, "a 1-2 minute smoke run of the whole pipeline (what the test suite runs)")
     seed: int = option(0, "one seed for the judge, both training stages and sampling", ge=0, lt=2**63)
-    device: str = option("cpu", "cpu, cuda, cuda:N or auto")
+    device: str = option(
+        "cpu", "cpu (the default: the demo's documented numbers and timings are the CPU's), cuda, cuda:N or auto"
+    )
     threads: int = option(0, "torch CPU threads (0: torch's default, one per core)", ge=0)
     guidance: float = option(
         1.5,
@@ -104,6 +101,24 @@ class DemoInterrupted(Exception):
 
 
 # ------------------------------------------------------------------------------------------------ stage configs
+def judge_config(demo: DemoConfig) -> JudgeConfig:
+    """The judge recipe's defaults (10 epochs on the 4,000 real training digits) at the demo's side; 2 with --quick;
+    the judge is written to run_dir/judge.safetensors (what `trainlab eval judge --judge-weights` reads)."""
+    cfg = JudgeConfig(
+        run_dir=demo.run_dir / "judge",
+        seed=demo.seed,
+        device=demo.device,
+        image_size=IMAGE_SIZE,
+        export=str(demo.run_dir / "judge.safetensors"),
+        progress=demo.progress,
+        resume="auto",
+    )
+    if demo.quick:
+        cfg = dataclasses.replace(cfg, epochs=JUDGE_QUICK_EPOCHS)
+    cfg.validate()
+    return cfg
+
+
 def tokenizer_config(demo: DemoConfig) -> TokenizerConfig:
     """The digits tokenizer: the shipped `tokenizer_digits` config (its one description), shortened with --quick."""
     path = config_path("tokenizer_digits")
@@ -136,20 +151,20 @@ def var_config(demo: DemoConfig, tokenizer_path: Path) -> VARTrainConfig:
         vocab_size=256,
         num_classes=NUM_CLASSES,
         tokenizer_weights=str(tokenizer_path),
-        tokenizer_config="digits",
+        tokenizer_model="vqvae_digits",
         use_token_cache=True,
         depth=4,
         embed_dim=128,
         num_heads=4,
         batch_size=64,
         epochs=DEMO_VAR_EPOCHS,
-        base_learning_rate=4e-3,
         eval_batch_size=250,
         token_cache_batch_size=250,
         log_every=10,
         progress=demo.progress,
         resume="auto",
     )
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, base_learning_rate=4e-3))
     if demo.quick:
         data = dataclasses.replace(cfg.data, eval_limit=200)
         cfg = dataclasses.replace(cfg, epochs=1, max_steps=10, data=data, log_every=2)
@@ -176,15 +191,18 @@ def _fit(trainer: Trainer, stage: str) -> None:
 
 
 def _judge(demo: DemoConfig, device: torch.device) -> DigitJudge:
-    path = demo.run_dir / "judge.safetensors"
+    cfg = judge_config(demo)
+    path = cfg.export_path()
     if path.is_file():
         log.info("demo: judge loaded from %s", path)
         return load_judge(path, device=device)
-    epochs = JUDGE_QUICK_EPOCHS if demo.quick else DEMO_EPOCHS
-    judge = train_judge(load_digits_dataset(resolution=IMAGE_SIZE, split="train"), epochs=epochs, seed=demo.seed)
-    judge = judge.to(device)
-    save_judge(judge, path)
-    return judge
+    trainer = Trainer(JudgeRecipe(cfg))
+    _fit(trainer, "judge")
+    judge = trainer.parts.models["judge"]
+    assert isinstance(judge, DigitJudge)
+    if not path.is_file():  # a finished run launched again does not export again
+        save_judge(judge, path)
+    return judge.eval()
 
 
 @torch.no_grad()
@@ -243,9 +261,13 @@ def run_demo(demo: DemoConfig) -> dict[str, Any]:
         correct_N = predicted_N == labels_N
         per_class = [float(correct_N[labels_N == k].float().mean()) for k in range(NUM_CLASSES)]
         real_a, real_b = split_halves(heldout, seed=demo.seed)
-        feats_real_a = extract_features(judge, real_a.images_N3HW.to(device))
-        feats_real_b = extract_features(judge, real_b.images_N3HW.to(device))
-        feats_samples = extract_features(judge, samples_N3HW.to(device))
+
+        def judge_features(images_N3HW: torch.Tensor) -> torch.Tensor:
+            return extract_features(judge.eval().features, images_N3HW, batch_size=1000, device=device).cpu()
+
+        feats_real_a = judge_features(real_a.images_N3HW)
+        feats_real_b = judge_features(real_b.images_N3HW)
+        feats_samples = judge_features(samples_N3HW)
         recon_N3HW = _reconstruct(vqvae, heldout.images_N3HW)
         return {
             "conditional_accuracy": float(correct_N.float().mean()),

@@ -32,10 +32,12 @@ from trainlab.engine.batchnorm_momentum import decay_per_optimizer_step_, descri
 from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, load_checkpoint, non_finite_weights
 from trainlab.engine.compile import check_compile_toolchain, compile_for_training
 from trainlab.engine.data import StepBatchSampler, build_loader
+from trainlab.engine.device import resolve_device
+from trainlab.engine.health import HealthMonitor
 from trainlab.engine.memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.metrics import WANDB_RUN_ID_FILE, MetricsLogger, RunProgress
 from trainlab.engine.precision import LossScaler, Precision, check_device_support
-from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts, check_activation_checkpointing
+from trainlab.engine.recipe import Phase, Recipe, StepInfo, TrainConfig, TrainParts, apply_activation_checkpointing
 from trainlab.engine.resume import (
     ENGINE_MAY_CHANGE,
     RelaunchPlan,
@@ -56,21 +58,6 @@ from trainlab.host_memory import host_allocator
 log = logging.getLogger(__name__)
 
 __all__ = ["ENGINE_MAY_CHANGE", "FitResult", "Progress", "Trainer", "resolve_device"]
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when available (and says so); an explicit CUDA request without CUDA is an error."""
-    if name == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        log.info("device: %s (auto: CUDA %savailable)", device, "" if device.type == "cuda" else "not ")
-        return device
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown device {name!r}; use cpu, cuda, cuda:N or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
-    return device
 
 
 @dataclass
@@ -106,11 +93,10 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.precision = Precision.parse(cfg.precision)
         check_device_support(self.precision, self.device)
-        check_activation_checkpointing(recipe)
         compiler = check_compile_toolchain(self.device) if cfg.compile else ""
         if cfg.memory_snapshot and self.device.type != "cuda":
             raise UsageError("--memory-snapshot records the CUDA caching allocator and needs a CUDA device")
-        dist.init(self.device.type)
+        dist.init(self.device.type, cfg.dist_timeout)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", dist.local_rank())
         self.is_main = dist.is_main()
@@ -153,6 +139,7 @@ class Trainer:
         seed_everything(cfg.seed)
         with self.precision.default_dtype():  # fp64: models initialised and data generated in float64
             self.parts: TrainParts = recipe.build(self.device)
+            apply_activation_checkpointing(recipe, self.parts)
             for name, model in self.parts.models.items():
                 self.precision.prepare_model(model, keep_batchnorm_fp32=cfg.keep_batchnorm_fp32)
                 self.parts.models[name] = model.to(self.device)
@@ -198,6 +185,14 @@ class Trainer:
                 compiler,
                 ", ".join(trained),
             )
+        self.health = HealthMonitor(  # training health every --health-every steps (engine/health.py)
+            self.parts.models,
+            self.phases,
+            cfg.health_every,
+            self.device,
+            observe_activations=not cfg.compile,
+            warn=self.is_main,
+        )
         self.runner = StepRunner(
             recipe=recipe,
             phases=self.phases,
@@ -209,6 +204,7 @@ class Trainer:
             precision=self.precision,
             device=self.device,
             clip_grad_norm=cfg.clip_grad_norm,
+            health=self.health,
         )
         self.progress = Progress()
         self._stop_at_step: int | None = None
@@ -300,7 +296,9 @@ class Trainer:
             if self.write_outputs:
                 self.store.save(state, is_best=is_best)
 
-        dist.raise_together(write)  # a full disk on rank 0 stops every rank with its one line
+        # rank 0's write, waited for by the others in raise_together's gather (the side group's long timeout, not
+        # --dist-timeout); a full disk on rank 0 stops every rank with its one line
+        dist.raise_together(write)
         if self.write_outputs:
             log.info("saved %s (step %d%s)", self.store.last, self.progress.step, ", best" if is_best else "")
 
@@ -527,8 +525,9 @@ class Trainer:
         first_loss_key = "loss" if len(self.phases) == 1 else f"{self.phases[0].name}/loss"
         try:
             while self.progress.step_in_epoch < self.steps_per_epoch:
+                info = self.step_info()
                 try:
-                    metrics = self.runner.run(iterator, self.step_info())
+                    metrics = self.runner.run(iterator, info)
                 except RuntimeError as err:
                     if not _overflows_weight_dtype(err):
                         raise
@@ -541,6 +540,7 @@ class Trainer:
                 self._count_skipped(metrics)
                 self.progress.step += 1
                 self.progress.step_in_epoch += 1
+                self._log_health(logger, info)
                 steps_done += 1
                 losses.append(metrics.get(first_loss_key, math.nan))
                 self._bar.update(self.progress.step, metrics)
@@ -574,6 +574,15 @@ class Trainer:
             self.progress.epoch += 1
             self.progress.step_in_epoch = 0
         return status, (elapsed if full_epoch else None), steps_done * cfg.batch_size
+
+    def _log_health(self, logger: MetricsLogger, info: StepInfo) -> None:
+        """The health metrics of an observed step (every --health-every steps), averaged over ranks, and the
+        warnings they call for (engine/health.py)."""
+        health = self.health.pop_metrics(info)
+        if health:
+            health = dist.all_reduce_mean(health, self.device)
+            self.health.check(self.progress.step, health)
+            logger.log("health", self.progress.step, self.progress.epoch, health)
 
     def _count_skipped(self, metrics: dict[str, float]) -> None:
         """Overflow skips are legitimate with loss scaling, up to --max-skipped-steps in a row."""

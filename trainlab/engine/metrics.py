@@ -31,7 +31,7 @@ progress_log = logging.getLogger("trainlab.progress")
 
 WANDB_RUN_ID_FILE = "wandb_run_id"
 
-Kind = Literal["train", "eval", "summary", "event"]
+Kind = Literal["train", "eval", "summary", "event", "health"]  # health: trainlab.engine.health, every N steps
 
 
 def _clean(value: Any) -> Any:

@@ -43,6 +43,8 @@ from torch.utils.data import Dataset
 from trainlab.config import FLOAT32_MAX, check_ranges, option
 from trainlab.engine.precision_names import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
+from trainlab.models.grad_checkpoint import set_grad_checkpointing
+from trainlab.optim.config import OptimConfig
 
 Batch = dict[str, torch.Tensor]
 """The one batch format: named tensors, e.g. {"image": img_B3HW, "label": label_B} or {"tokens": ..., "label": ...}."""
@@ -102,9 +104,16 @@ class TrainConfig:
         "1 - (1 - m)^(1/k))",
     )
     clip_grad_norm: float = option(0.0, "clip the total gradient norm to this value after unscaling (0: no clip)", ge=0)
+    optim: OptimConfig = option(OptimConfig(learning_rate=0.1), "optimizer (each recipe sets its own defaults)")
     schedule: ScheduleConfig = option(ScheduleConfig(), "learning-rate schedule")
     num_workers: int = option(0, "DataLoader worker processes", ge=0)
     log_every: int = option(10, "log training metrics every N optimizer steps", ge=1)
+    health_every: int = option(
+        200,
+        "log training health (per-block gradient norm, update/weight ratio, dead ReLU units) every N optimizer "
+        "steps, warning once per problem (0: off)",
+        ge=0,
+    )
     eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)", ge=1)
     checkpoint_every: int = option(0, "also save ckpt/last.pt every N optimizer steps (0: at epoch ends only)", ge=0)
     keep_checkpoints: int = option(
@@ -127,6 +136,13 @@ class TrainConfig:
     progress: bool = option(True, "progress bar on a terminal; otherwise a plain line every --log-every steps")
     deterministic: bool = option(False, "deterministic cuDNN kernels (slower)")
     ddp_find_unused_parameters: bool = option(False, "DDP find_unused_parameters (only for models that need it)")
+    dist_timeout: float = option(
+        300.0,
+        "seconds a training collective waits for the other processes before the run stops, naming the ranks that "
+        "did not answer (NCCL's own default: 600; raise it for a long first --compile)",
+        gt=0,
+        le=86400,
+    )
     activation_checkpointing: bool = option(
         False, "recompute activations in backward instead of keeping them (less memory, one more forward per block)"
     )
@@ -147,29 +163,29 @@ class TrainConfig:
         check_wandb_login(self.wandb)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
+        self.optim.validate()
         self._check_optimizer_numbers()
 
     def _check_optimizer_numbers(self) -> None:
         """The optimizer applies the learning rate (at its largest: peak x the schedule's largest ratio; a `base_`
-        rate is per 256 images, x batch_size / 256 as every recipe scales it) and the weight decay as numbers of the
+        rate is per 256 images, x batch_size / 256, `OptimConfig.peak_lr`) and the weight decay as numbers of the
         weights' dtype: above float32's largest (fp16's, 65504, with fp16 weights) they cannot be applied at all and
-        the first step failed with an overflow traceback."""
+        the first step failed with an overflow traceback. Every learning rate and weight decay is checked, in nested
+        groups too (`--optim.learning-rate`, `--discriminator-optim.weight-decay`)."""
         from trainlab.errors import UsageError
 
         fp16 = self.precision in ("fp16", "fp16-scale")
         limit, kind = (FP16_MAX, "fp16") if fp16 else (FLOAT32_MAX, "float32")
         ratio = max(1.0, self.schedule.warmup_start_ratio, self.schedule.final_ratio)
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, (int, float)):
-                continue
+        for dotted, value in _numbers(self):
+            name = dotted.rsplit(".", 1)[-1]
             steps: list[tuple[str, float]] = []  # how the setting grows into the number applied
-            if f.name.endswith("learning_rate"):
-                if f.name.startswith("base_"):
+            if name.endswith("learning_rate"):
+                if name.startswith("base_"):
                     steps.append((f"x batch {self.batch_size} / 256", self.batch_size / 256))
                 if ratio > 1:
                     steps.append((f"x the schedule's largest ratio {ratio:g}", ratio))
-            elif f.name.endswith("weight_decay"):
+            elif name.endswith("weight_decay"):
                 if self.schedule.weight_decay_end > value:
                     steps.append((f"rising to --schedule.weight-decay-end {self.schedule.weight_decay_end:g}", 0.0))
             else:
@@ -181,9 +197,21 @@ class TrainConfig:
                 how = "".join(f" {text}" for text, _ in steps) + (f" = {applied:g}" if steps else "")
                 fix = "; lower it or use an -amp or bf16 precision" if fp16 else "; lower it"
                 raise UsageError(
-                    f"--{f.name.replace('_', '-')} {value:g}{how} exceeds the largest {kind} number {limit:g}, which "
+                    f"--{dotted.replace('_', '-')} {value:g}{how} exceeds the largest {kind} number {limit:g}, which "
                     f"the optimizer cannot apply to {'--precision ' + self.precision if fp16 else 'the'} weights{fix}"
                 )
+
+
+def _numbers(config: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted field name, value) of every int / float field of a config, nested groups included."""
+    out: list[tuple[str, float]] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _numbers(value, f"{prefix}{f.name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append((prefix + f.name, value))
+    return out
 
 
 @dataclass
@@ -226,16 +254,26 @@ def unwrap_model(module: nn.Module) -> nn.Module:
         module = inner
 
 
-def check_activation_checkpointing(recipe: Recipe[Any]) -> None:
-    """Refuse `--activation-checkpointing` for a recipe whose models do not implement it.
+def apply_activation_checkpointing(recipe: Recipe[Any], parts: TrainParts) -> list[str]:
+    """Switch activation checkpointing of the trained models to `--activation-checkpointing`, through each model's
+    `set_grad_checkpointing` (`trainlab.models.grad_checkpoint`); recipes never toggle it themselves.
+
+    Returns:
+        The names of the trained models that support it.
 
     Raises:
-        UsageError: the recipe does not support it.
+        UsageError: the flag is on and none of the recipe's trained models supports it.
     """
     from trainlab.errors import UsageError
 
-    if recipe.config.activation_checkpointing and not recipe.supports_activation_checkpointing:
-        raise UsageError(f"--activation-checkpointing is not implemented by recipe {recipe.name!r}; drop the flag")
+    enabled = recipe.config.activation_checkpointing
+    supported = [name for name, model in parts.models.items() if set_grad_checkpointing(model, enabled)]
+    if enabled and not supported:
+        raise UsageError(
+            f"--activation-checkpointing is not implemented by recipe {recipe.name!r} (its models "
+            f"{', '.join(parts.models)} have no set_grad_checkpointing); drop the flag"
+        )
+    return supported
 
 
 class Recipe(ABC, Generic[ConfigT]):
@@ -246,7 +284,6 @@ class Recipe(ABC, Generic[ConfigT]):
     config_class: type[TrainConfig] = TrainConfig
     best_metric: str = ""  # key returned by evaluate(); '' disables best.pt
     best_mode: Literal["max", "min"] = "max"
-    supports_activation_checkpointing: bool = False  # the recipe honours --activation-checkpointing (else refused)
     resume_may_change: tuple[str, ...] = ()  # config fields (`data.root`: dotted) a resume may change; all others
     # must equal the checkpoint's (a resume that would silently compute something else is refused, naming the field)
 

@@ -64,6 +64,8 @@ ENGINE_MAY_CHANGE = (
     "activation_checkpointing",  # the same losses and gradients, recomputed
     "compile",  # the same computation, float arithmetic reordered
     "ddp_find_unused_parameters",
+    "dist_timeout",  # how long the collectives wait, not what they compute
+    "health_every",  # observed steps only read tensors: the same losses (engine/health.py)
     "memory_snapshot",
     "debug",
 )
@@ -240,7 +242,7 @@ def check_fits(
                 f"checkpoint {path} was trained on a dataset of {data['dataset_size']} samples "
                 f"({data['steps_per_epoch']} steps per epoch) but this run's has {dataset_size} samples "
                 f"({steps_per_epoch} steps per epoch at batch {batch_size}): the schedule's length would change; "
-                "resume with the same data (--data-root), or start over (--overwrite or a new --run-dir)"
+                "resume with the same data (--data.root), or start over (--overwrite or a new --run-dir)"
             )
     else:  # written before checkpoints recorded the data: the schedulers' horizon says the same
         for name, sched in state["schedulers"].items():
@@ -248,7 +250,7 @@ def check_fits(
                 raise UsageError(
                     f"checkpoint {path} was trained with a schedule of {sched['total_steps']} steps ({name}) but this "
                     f"run's data gives {total_steps} ({dataset_size} samples, {steps_per_epoch} steps per epoch at "
-                    f"batch {batch_size}): another dataset size; resume with the same data (--data-root), or start "
+                    f"batch {batch_size}): another dataset size; resume with the same data (--data.root), or start "
                     "over (--overwrite or a new --run-dir)"
                 )
     step, epoch, in_epoch = state["step"], state["epoch"], state["step_in_epoch"]

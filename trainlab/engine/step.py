@@ -22,11 +22,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainlab import dist
 from trainlab.dtypes import at_least_float32
+from trainlab.engine.health import HealthMonitor
 from trainlab.engine.precision import LossScaler, Precision, grad_norm_, only_requires_grad
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo
 from trainlab.engine.schedule import Scheduler
-from trainlab.errors import TrainingStopped
+from trainlab.errors import TrainingStopped, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +90,11 @@ class StepRunner:
     precision: Precision
     device: torch.device
     clip_grad_norm: float
+    health: HealthMonitor | None = None  # observes every --health-every-th step (engine.health); None: off
 
     def __post_init__(self) -> None:
         self.all_params = [p for m in self.models.values() for p in m.parameters()]
+        self._unused_checked: set[str] = set()  # phases whose parameters were checked for a missing gradient
 
     def models_for(self, phase: Phase) -> dict[str, nn.Module]:
         """Modules trained in `phase` DDP-wrapped; the other trained ones raw (no gradient sync); frozen ones."""
@@ -115,7 +119,12 @@ class StepRunner:
         metrics: dict[str, float] = {}
         for phase in active:
             prefix = f"{phase.name}/" if multi else ""
-            metrics.update({prefix + k: v for k, v in self._phase_step(phase, batches, info, multi).items()})
+            try:
+                phase_metrics = self._phase_step(phase, batches, info, multi)
+            except RuntimeError as err:  # DDP's unused-parameter error, a timed-out collective: one named line
+                dist.raise_named(err, {n: self.wrapped[n] for n in phase.modules}, info.step)
+                raise
+            metrics.update({prefix + k: v for k, v in phase_metrics.items()})
         batches.drain()
         return metrics
 
@@ -134,7 +143,7 @@ class StepRunner:
             for i, batch in enumerate(batches):
                 micro_info = replace(info, micro_step=i)
                 with self._no_sync(phase, skip=i < num_micro - 1):
-                    with self.precision.autocast(self.device.type):
+                    with self.precision.autocast(self.device.type), self._health_forward(phase.name, micro_info):
                         out = self.recipe.train_step(models, batch, phase.name, micro_info)
                     scaler.scale(out["loss"] / num_micro).backward()
                 for key, value in out.items():
@@ -146,6 +155,9 @@ class StepRunner:
                     sums[key] = sums.get(key, 0) + v / num_micro
                 del out, batch
         scaler.unscale_(phase.optimizer)
+        self._check_unused_parameters(phase, info)
+        if self.health is not None:
+            self.health.record_gradients(phase.name, info)  # before clipping: the gradients as computed
         clip = self.clip_grad_norm if phase.clip_grad_norm is None else phase.clip_grad_norm
         norm, finite = grad_norm_(params, clip)
         metrics = {key: float(value) for key, value in sums.items()}
@@ -157,7 +169,11 @@ class StepRunner:
                 f"in {self.precision.name}, where no loss scaling skips such steps; nothing was saved after the last "
                 "good checkpoint: lower the learning rate (or clip gradients) and resume"
             )
+        if self.health is not None:
+            self.health.before_update(phase.name, info)
         stepped = scaler.step(phase.optimizer, finite)
+        if self.health is not None:
+            self.health.after_update(phase.name, info, stepped)
         phase.optimizer.zero_grad(set_to_none=True)
         metrics.update(self.recipe.after_optimizer_step(models, phase.name, info))
         metrics["grad_norm"] = norm if finite else float("nan")
@@ -168,6 +184,31 @@ class StepRunner:
         if not stepped:
             log.warning("step %d (%s): non-finite gradients (overflow); optimizer step skipped", info.step, phase.name)
         return metrics
+
+    def _health_forward(self, phase: str, info: StepInfo) -> contextlib.AbstractContextManager[Any]:
+        return self.health.watch_forward(phase, info) if self.health is not None else contextlib.nullcontext()
+
+    def _check_unused_parameters(self, phase: Phase, info: StepInfo) -> None:
+        """At a phase's first step in this process: parameters that received no gradient. Under DDP without
+        --ddp-find-unused-parameters that is a one-line error now (DDP itself would fail one step later without
+        naming them); in one process a warning (torchrun would fail). Collective under DDP."""
+        if phase.name in self._unused_checked:
+            return
+        self._unused_checked.add(phase.name)
+        named = [
+            (f"{n}.{k}", p) for n in phase.modules for k, p in self.models[n].named_parameters() if p.requires_grad
+        ]
+        unused = dist.unused_parameters(named)
+        if not unused:
+            return
+        wrappers = [getattr(self.wrapped[n], "_orig_mod", self.wrapped[n]) for n in phase.modules]
+        ddp = [w for w in wrappers if isinstance(w, DistributedDataParallel)]
+        if not ddp:
+            log.warning("%s", dist.unused_parameters_line(unused, step=info.step, ddp=False))
+        elif not all(w.find_unused_parameters for w in ddp):
+            raise UsageError(dist.unused_parameters_line(unused, step=info.step, ddp=True))
+        else:
+            log.info("%d parameter(s) without a gradient, as --ddp-find-unused-parameters allows", len(unused))
 
     def _no_sync(self, phase: Phase, skip: bool) -> contextlib.AbstractContextManager[Any]:
         if not skip:

@@ -44,7 +44,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainlab.errors import UsageError
-from trainlab.evaluate.fid import frechet_distance
+from trainlab.evaluate.frechet import frechet_distance
 from trainlab.evaluate.image_sets import ImageSet, npz_members, read_npz_member
 from trainlab.evaluate.inception import load_inception
 
@@ -125,7 +125,7 @@ class _Uint8Images(Dataset[torch.Tensor]):
         return torch.from_numpy(self.images.image(index)).permute(2, 0, 1)
 
 
-def extract_features(
+def inception_feature_layers(
     images: ImageSet, extractor: nn.Module, *, batch_size: int, decode_workers: bool
 ) -> tuple[dict[str, torch.Tensor], float]:
     """Inception features of every image (torch-fidelity's `get_featuresdict_from_dataset`) and images/s.
@@ -177,7 +177,7 @@ def compare_image_sets(
             covariance of rank < D is singular, so these suit sets of fewer than 2048 images; their numbers are not
             comparable with published FIDs, and the reference's `mu`/`sigma` are then not used).
         batch_size: images per forward pass.
-        decode_workers: see `extract_features`.
+        decode_workers: see `inception_feature_layers`.
         isc_splits: Inception Score splits (the samples are shuffled, then cut into this many parts).
         prc_neighborhood: k of the k-nearest-neighbour manifolds of precision/recall.
 
@@ -214,7 +214,7 @@ def compare_image_sets(
         batch_size=batch_size,
         decode_workers=decode_workers,
     )
-    features, speed = extract_features(samples, extractor, batch_size=batch_size, decode_workers=decode_workers)
+    features, speed = inception_feature_layers(samples, extractor, batch_size=batch_size, decode_workers=decode_workers)
     features_ND = features[feature_layer]
     stats = fid_features_to_statistics(features_ND)
     fid = fid_statistics_to_metric(stats, ref_stats, False)["frechet_inception_distance"]
@@ -302,7 +302,9 @@ def _reference_features(
     speeds: list[float] = []
 
     def extract() -> dict[str, torch.Tensor]:
-        features, speed = extract_features(reference, extractor, batch_size=batch_size, decode_workers=decode_workers)
+        features, speed = inception_feature_layers(
+            reference, extractor, batch_size=batch_size, decode_workers=decode_workers
+        )
         speeds.append(speed)
         return features
 

@@ -1,4 +1,5 @@
-"""Classifier-judged accuracy of a labelled image set: the demo's digit judge against the labels in the file names.
+"""Classifier-judged accuracy: the digit judge's predictions, its accuracy on labelled tensors, and on a labelled
+image set against the labels in the file names.
 
 For samples from `trainlab sample --out-dir` (names `NNNNNN_cCCCC.png`) the label is the class each image was
 generated for, so the accuracy is the share of samples the judge recognises as their class: the demo's
@@ -15,9 +16,42 @@ import dataclasses
 import numpy as np
 import torch
 
-from trainlab.demo.judge import DigitJudge, predict
 from trainlab.errors import UsageError
 from trainlab.evaluate.image_sets import ImageSet
+from trainlab.models.digit_judge import DigitJudge
+
+
+@torch.no_grad()
+def predict(judge: DigitJudge, images_N3HW: torch.Tensor, *, batch_size: int = 1000) -> torch.Tensor:
+    """Predicted class ids (N,) int64 on CPU, computed on the judge's device and dtype (the judge is put in eval
+    mode).
+
+    Raises:
+        UsageError: images of another shape than (N, 3, R, R) at the judge's resolution R.
+    """
+    expected = (3, judge.resolution, judge.resolution)
+    if images_N3HW.ndim != 4 or tuple(images_N3HW.shape[1:]) != expected:
+        raise UsageError(
+            f"the judge takes (N, {', '.join(map(str, expected))}) images, got {tuple(images_N3HW.shape)}: "
+            "resize the samples or train a judge at their resolution"
+        )
+    judge.eval()
+    weight = next(judge.parameters())
+    batches = images_N3HW.split(batch_size)
+    return torch.cat([judge(img_B3HW.to(weight.device, weight.dtype)).argmax(dim=1).cpu() for img_B3HW in batches])
+
+
+def accuracy(judge: DigitJudge, images_N3HW: torch.Tensor, labels_N: torch.Tensor) -> float:
+    """Fraction of `images_N3HW` (in [-1, 1]) whose predicted class equals `labels_N`: for generated samples and
+    the class each was conditioned on, the conditional accuracy (chance 1/K; the judge's own held-out accuracy is
+    the practical ceiling).
+
+    Raises:
+        UsageError: not one label per image, or images the judge does not take.
+    """
+    if labels_N.shape != (images_N3HW.shape[0],):
+        raise UsageError(f"need one label per image: got labels {tuple(labels_N.shape)}, images {images_N3HW.shape[0]}")
+    return (predict(judge, images_N3HW) == labels_N.cpu()).float().mean().item()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,8 +7,6 @@ follows lightly's `knn_predict` (k=200, T=0.1). Shape legend: N queries, M bank 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
@@ -59,21 +57,3 @@ def knn_accuracy(
     """Top-1 accuracy of `knn_predict` on labelled queries."""
     pred_N = knn_predict(query_NF, bank_MF, bank_labels_M, num_classes=num_classes, k=k, temperature=temperature)
     return float((pred_N == query_labels_N.to(pred_N.device)).float().mean())
-
-
-@torch.no_grad()
-def extract_features(
-    features: Callable[[torch.Tensor], torch.Tensor],
-    images_N3HW: torch.Tensor,
-    *,
-    batch_size: int,
-    device: torch.device,
-    dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """`features` of every image, in batches on `device` and `dtype` (None: the default dtype); returns (N, F) in
-    float32 (float64 for float64 features) on `device`."""
-    out = []
-    for start in range(0, images_N3HW.shape[0], batch_size):
-        x = images_N3HW[start : start + batch_size].to(device=device, dtype=dtype or torch.get_default_dtype())
-        out.append(at_least_float32(features(x)))
-    return torch.cat(out)

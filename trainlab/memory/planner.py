@@ -127,6 +127,18 @@ class _Tracer:
         return self.cache[key]
 
 
+def _checkpointing_supported(tracer: _Tracer) -> bool:
+    """Whether the recipe's models can recompute activations (`set_grad_checkpointing`): a trace with it on is
+    refused otherwise (see `engine.recipe.apply_activation_checkpointing`)."""
+    try:
+        tracer(1, 1, checkpointing=True)
+    except UsageError as err:
+        if "--activation-checkpointing" not in str(err):
+            raise
+        return False
+    return True
+
+
 def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     """Trace the configured run and answer the planning questions (see the module docstring)."""
     cfg = recipe.config
@@ -233,7 +245,7 @@ def auto_accumulation(recipe: Recipe[Any], device: PlanDevice, capacity: GpuProf
     largest = largest_fitting(total_at, capacity.total_bytes, per_gpu_batch)
     if largest == 0:
         levers = "--precision bf16-amp"
-        if recipe.supports_activation_checkpointing and not cfg.activation_checkpointing:
+        if not cfg.activation_checkpointing and _checkpointing_supported(tracer):
             levers += ", --activation-checkpointing"
         raise UsageError(
             f"--grad-accumulation auto: even micro-batch 1 needs {total_at(1) / 2**30:,.2f} GiB but "
@@ -314,13 +326,17 @@ def _levers(
             levers.append(Lever("bf16", f"--precision bf16-amp is refused by the recipe: {err}", None, None))
     if cfg.activation_checkpointing:
         pass  # already on: the plan above is traced with it
-    elif recipe.supports_activation_checkpointing:
-        t = total(tracer(micro, cfg.grad_accumulation, checkpointing=True))
-        description = f"--activation-checkpointing (micro-batch {micro}, about one more forward per step)"
-        levers.append(Lever("activation checkpointing", description, t, t <= capacity))
     else:
-        description = f"--activation-checkpointing is not implemented by recipe {recipe.name!r}"
-        levers.append(Lever("activation checkpointing", description, None, None))
+        try:
+            t = total(tracer(micro, cfg.grad_accumulation, checkpointing=True))
+        except UsageError as err:  # the recipe's models cannot recompute (no set_grad_checkpointing)
+            if "--activation-checkpointing" not in str(err):
+                raise
+            description = f"--activation-checkpointing is not implemented by recipe {recipe.name!r}"
+            levers.append(Lever("activation checkpointing", description, None, None))
+        else:
+            description = f"--activation-checkpointing (micro-batch {micro}, about one more forward per step)"
+            levers.append(Lever("activation checkpointing", description, t, t <= capacity))
     if result.max_micro_batch and result.suggested_grad_accumulation and result.suggested_grad_accumulation > 1:
         k = result.suggested_grad_accumulation
         m = cfg.batch_size // request.gpus // k

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from trainlab.engine.precision import LossScaler, Precision
-from trainlab.engine.recipe import Batch, Recipe, StepInfo, check_activation_checkpointing
+from trainlab.engine.recipe import Batch, Recipe, StepInfo, apply_activation_checkpointing
 from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import seed_everything
 from trainlab.engine.step import StepRunner
@@ -155,7 +155,6 @@ def trace_training(
         The trace, with parameters, gradients, optimizer states and frozen models labelled.
     """
     cfg = recipe.config
-    check_activation_checkpointing(recipe)
     precision = Precision.parse(cfg.precision)
     total = total_steps or (cfg.max_steps if cfg.max_steps > 0 else PLANNED_TOTAL_STEPS)
     tracer = StorageTracer()
@@ -169,6 +168,7 @@ def trace_training(
     ):
         seed_everything(cfg.seed)
         parts = recipe.build(cpu)
+        apply_activation_checkpointing(recipe, parts)
         for model in parts.models.values():
             _prepare_in_place(model, precision, cfg.keep_batchnorm_fp32)
             model.train()

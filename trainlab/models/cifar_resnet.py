@@ -1,5 +1,8 @@
 """ResNet-18/34/50 for 32x32 inputs (the CIFAR variant popularised by kuangliu/pytorch-cifar).
 
+Registered as `cifar_resnet18`, `cifar_resnet34`, `cifar_resnet50` and `cifar_resnet_debug`. Not the same network as
+`tv_resnet18_cifar` (`models/backbones/resnet.py`), which has the same stem but torchvision's initialisation.
+
 Deviations from torchvision's ImageNet ResNet (He et al., 2015, https://arxiv.org/abs/1512.03385):
 - stem is a single 3x3 conv, stride 1, with no max-pool, so stage 1 runs at 32x32 (torchvision: 7x7 stride 2 +
   max-pool, i.e. 8x8 at stage 1 for CIFAR, which costs several points of accuracy);
@@ -20,7 +23,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from trainlab.models.checkpointing import checkpoint_stage
+from trainlab.models.grad_checkpoint import checkpoint_stage
 from trainlab.models.registry import register_model
 
 Block = type[BasicBlock] | type[Bottleneck]
@@ -60,7 +63,12 @@ class CifarResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.num_features = self._channels
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        self.activation_checkpointing = False  # recompute each stage in backward (training only; the recipe sets it)
+        self.grad_checkpointing = False  # see `set_grad_checkpointing`
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each stage in backward instead of keeping its activations (training with gradients only;
+        BatchNorm statistics are updated once, as without)."""
+        self.grad_checkpointing = enabled
 
     def _make_stage(self, block: Block, width: int, count: int, *, stride: int) -> nn.Sequential:
         out_channels = width * block.expansion
@@ -78,7 +86,7 @@ class CifarResNet(nn.Module):
     def forward_features(self, img_B3HW: torch.Tensor) -> torch.Tensor:
         """Returns the last stage's feature map, (B, num_features, H/8, W/8)."""
         x_BCHW = self.relu(self.bn1(self.conv1(img_B3HW)))
-        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
             x_BCHW = checkpoint_stage(stage, x_BCHW) if recompute else stage(x_BCHW)
         return x_BCHW
@@ -93,25 +101,25 @@ class CifarResNet(nn.Module):
         return self.forward_head(self.forward_features(img_B3HW))
 
 
-@register_model("resnet18")
-def resnet18(num_classes: int = 10) -> CifarResNet:
+@register_model("cifar_resnet18")
+def cifar_resnet18(num_classes: int = 10) -> CifarResNet:
     """ResNet-18, CIFAR stem (11.17 M parameters at 10 classes)."""
     return CifarResNet(BasicBlock, (2, 2, 2, 2), num_classes=num_classes)
 
 
-@register_model("resnet34")
-def resnet34(num_classes: int = 10) -> CifarResNet:
+@register_model("cifar_resnet34")
+def cifar_resnet34(num_classes: int = 10) -> CifarResNet:
     """ResNet-34, CIFAR stem."""
     return CifarResNet(BasicBlock, (3, 4, 6, 3), num_classes=num_classes)
 
 
-@register_model("resnet50")
-def resnet50(num_classes: int = 10) -> CifarResNet:
+@register_model("cifar_resnet50")
+def cifar_resnet50(num_classes: int = 10) -> CifarResNet:
     """ResNet-50 (bottleneck blocks), CIFAR stem."""
     return CifarResNet(Bottleneck, (3, 4, 6, 3), num_classes=num_classes)
 
 
-@register_model("resnet_debug")
-def resnet_debug(num_classes: int = 10) -> CifarResNet:
+@register_model("cifar_resnet_debug")
+def cifar_resnet_debug(num_classes: int = 10) -> CifarResNet:
     """Tiny ResNet for tests and `--debug` runs: one basic block per stage, widths 8/16/32/64."""
     return CifarResNet(BasicBlock, (1, 1, 1, 1), widths=(8, 16, 32, 64), num_classes=num_classes)

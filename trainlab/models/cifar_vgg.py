@@ -5,7 +5,7 @@ The CIFAR variant popularised by kuangliu/pytorch-cifar, which differs from the 
 - five 2x2 max-pools take 32x32 down to 1x1, so the classifier is a single `Linear(512, num_classes)` (no
   4096-wide fully connected layers, no dropout); kuangliu's trailing 1x1 average pool is a no-op and is omitted.
 
-VGG-19 with 10 classes has 20,040,522 parameters.
+VGG-19 with 10 classes has 20,040,522 parameters. Registered as `cifar_vgg11` ... `cifar_vgg19` and `cifar_vgg_debug`.
 """
 
 # Shape legend: B batch, C channels, H/W height/width, K classes.
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from trainlab.models.checkpointing import checkpoint_stage
+from trainlab.models.grad_checkpoint import checkpoint_stage
 from trainlab.models.registry import register_model
 
 # An int is a conv3x3-BN-ReLU with that many output channels; "M" is a 2x2 max-pool.
@@ -59,15 +59,20 @@ class CifarVGG(nn.Module):
         self.features = nn.Sequential(*modules)
         self.num_features = channels
         self.classifier: nn.Module = nn.Linear(channels, num_classes) if num_classes > 0 else nn.Identity()
-        # the blocks `features` is cut into for --activation-checkpointing: each ends with a max-pool
+        # the blocks `features` is cut into for activation checkpointing: each ends with a max-pool
         ends = [i + 1 for i, m in enumerate(modules) if isinstance(m, nn.MaxPool2d)]
         starts = [0, *ends]
         self._block_bounds = [(a, b) for a, b in zip(starts, [*ends, len(modules)], strict=True) if b > a]
-        self.activation_checkpointing = False  # recompute each block in backward (training only; the recipe sets it)
+        self.grad_checkpointing = False  # see `set_grad_checkpointing`
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each block of `features` (up to and including a max-pool) in backward instead of keeping its
+        activations (training with gradients only; BatchNorm statistics are updated once, as without)."""
+        self.grad_checkpointing = enabled
 
     def forward_features(self, img_B3HW: torch.Tensor) -> torch.Tensor:
         """Returns the feature map after the last max-pool, (B, num_features, H/32, W/32)."""
-        if not (self.activation_checkpointing and self.training and torch.is_grad_enabled()):
+        if not (self.grad_checkpointing and self.training and torch.is_grad_enabled()):
             return self.features(img_B3HW)
         x_BCHW = img_B3HW
         for start, end in self._block_bounds:
@@ -84,31 +89,31 @@ class CifarVGG(nn.Module):
         return self.forward_head(self.forward_features(img_B3HW))
 
 
-@register_model("vgg11")
-def vgg11(num_classes: int = 10) -> CifarVGG:
+@register_model("cifar_vgg11")
+def cifar_vgg11(num_classes: int = 10) -> CifarVGG:
     """VGG-11 with BatchNorm, CIFAR head."""
     return CifarVGG(VGG_LAYERS["vgg11"], num_classes=num_classes)
 
 
-@register_model("vgg13")
-def vgg13(num_classes: int = 10) -> CifarVGG:
+@register_model("cifar_vgg13")
+def cifar_vgg13(num_classes: int = 10) -> CifarVGG:
     """VGG-13 with BatchNorm, CIFAR head."""
     return CifarVGG(VGG_LAYERS["vgg13"], num_classes=num_classes)
 
 
-@register_model("vgg16")
-def vgg16(num_classes: int = 10) -> CifarVGG:
+@register_model("cifar_vgg16")
+def cifar_vgg16(num_classes: int = 10) -> CifarVGG:
     """VGG-16 with BatchNorm, CIFAR head."""
     return CifarVGG(VGG_LAYERS["vgg16"], num_classes=num_classes)
 
 
-@register_model("vgg19")
-def vgg19(num_classes: int = 10) -> CifarVGG:
+@register_model("cifar_vgg19")
+def cifar_vgg19(num_classes: int = 10) -> CifarVGG:
     """VGG-19 with BatchNorm, CIFAR head (20.04 M parameters at 10 classes)."""
     return CifarVGG(VGG_LAYERS["vgg19"], num_classes=num_classes)
 
 
-@register_model("vgg_debug")
-def vgg_debug(num_classes: int = 10) -> CifarVGG:
+@register_model("cifar_vgg_debug")
+def cifar_vgg_debug(num_classes: int = 10) -> CifarVGG:
     """Tiny VGG for tests and `--debug` runs: five narrow conv layers (8..64 channels), five max-pools."""
     return CifarVGG(VGG_LAYERS["vgg_debug"], num_classes=num_classes)

@@ -18,6 +18,7 @@ _RECIPES = {
     "tokenizer": "trainlab.recipes.tokenizer:TokenizerRecipe",
     "moco": "trainlab.recipes.moco:MocoRecipe",
     "linear-probe": "trainlab.recipes.linear_probe:LinearProbeRecipe",
+    "judge": "trainlab.recipes.judge:JudgeRecipe",
 }
 
 

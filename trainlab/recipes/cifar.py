@@ -10,10 +10,9 @@ Shapes: B batch, K classes.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,38 +21,23 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import option
 from trainlab.data.cifar import CIFAR10_MEAN, CIFAR10_STD
-from trainlab.data.config import (
-    DataConfig,
-    download_option,
-    eval_limit_option,
-    fake_size_option,
-    kind_option,
-    root_option,
-)
+from trainlab.data.cifar_config import CifarData, upgrade_fake_data
 from trainlab.data.sources import open_split
 from trainlab.data.transforms import Normalise, PadCropFlip
 from trainlab.dtypes import at_least_float32
 from trainlab.engine.metrics import progress
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
-from trainlab.models.cifar_resnet import CifarResNet
-from trainlab.models.cifar_vgg import CifarVGG
-from trainlab.models.registry import create_model, list_models
-
-log = logging.getLogger(__name__)
-
-CifarKind = Literal["cifar10", "fake"]
+from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
+from trainlab.models.registry import create_model
+from trainlab.optim.config import OptimConfig
 
 
 @dataclasses.dataclass(kw_only=True)
-class CifarData(DataConfig):
-    """CIFAR-10 (--data.root/cifar-10-batches-py, --data.download) or fake images in its file format."""
+class CifarOptimConfig(OptimConfig):
+    """The optimizer group with CIFAR's former `--momentum` spelling (now `--optim.momentum`)."""
 
-    kind: CifarKind = kind_option("cifar10", CifarKind)
-    root: Path = root_option(Path("data/cifar10"), CifarKind, deprecated=("--data-root",))
-    eval_limit: int = eval_limit_option(0, "test images")
-    fake_size: int = fake_size_option()
-    download: bool = download_option(deprecated=("--download",))
+    momentum: float = option(0.9, "SGD momentum", ge=0, lt=1, deprecated=("--momentum", "--optimizer-momentum"))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -63,14 +47,20 @@ class CifarConfig(TrainConfig):
     run_dir: Path = option(
         Path("runs/cifar"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
     )
-    model: str = option("resnet18", "vgg11, vgg13, vgg16, vgg19, resnet18, resnet34, resnet50, vgg_debug, resnet_debug")
+    model: CifarModel = option(
+        "cifar_resnet18",
+        "registry name: kuangliu's CIFAR ResNets / VGGs (3x3 stem, PyTorch's default init)",
+        deprecated_values=FORMER_CIFAR_NAMES,
+    )
     data: CifarData = option(CifarData(), "which images")
     epochs: int = option(200, "number of epochs", ge=1)
     batch_size: int = option(128, "global batch per optimizer step", gt=0)
     eval_batch_size: int = option(500, "batch size for the test-set evaluation", ge=1)
-    learning_rate: float = option(0.1, "peak learning rate (SGD); scale it with the batch size", gt=0)
-    momentum: float = option(0.9, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = option(5e-4, "weight decay (all parameters, as in the reference recipe)", ge=0)
+    optim: CifarOptimConfig = option(
+        CifarOptimConfig(name="sgd", learning_rate=0.1, momentum=0.9, weight_decay=5e-4),
+        "SGD, peak lr 0.1 at batch 128 (scale it with the batch size), momentum 0.9, weight decay 5e-4 on all "
+        "parameters (the reference recipe)",
+    )
     schedule: ScheduleConfig = option(ScheduleConfig(kind="cosine"), "learning-rate schedule (per optimizer step)")
     fake_data: int = option(
         0, "former spelling (until the next release): N > 0 is --data.kind fake --data.fake-size N", ge=0
@@ -78,25 +68,7 @@ class CifarConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        from trainlab.errors import UsageError
-
         self.data, self.fake_data = upgrade_fake_data(self.data, self.fake_data), 0
-        if self.model not in list_models():
-            raise UsageError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
-
-
-def upgrade_fake_data(data: CifarData, fake_data: int) -> CifarData:
-    """The data group the former `--fake-data N` stands for: N > 0 is `--data.kind fake --data.fake-size N` (said in
-    a warning; one former flag for two settings, so it is a field of its own until the next release), 0 nothing."""
-    if fake_data <= 0:
-        return data
-    log.warning(
-        "--fake-data %d is the former spelling of --data.kind fake --data.fake-size %d (accepted until the next "
-        "release); use those",
-        fake_data,
-        fake_data,
-    )
-    return dataclasses.replace(data, kind="fake", fake_size=fake_data)
 
 
 class CifarRecipe(Recipe[CifarConfig]):
@@ -105,7 +77,6 @@ class CifarRecipe(Recipe[CifarConfig]):
     best_metric = "test_accuracy"
     best_mode = "max"
     resume_may_change = ("data.root", "data.download", "eval_batch_size")
-    supports_activation_checkpointing = True  # per ResNet stage / per VGG block between max-pools
 
     def __init__(self, config: CifarConfig) -> None:
         super().__init__(config)
@@ -114,11 +85,7 @@ class CifarRecipe(Recipe[CifarConfig]):
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         model = create_model(c.model, num_classes=10).to(device)
-        assert isinstance(model, CifarResNet | CifarVGG), type(model)
-        model.activation_checkpointing = c.activation_checkpointing
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=c.learning_rate, momentum=c.momentum, weight_decay=c.weight_decay
-        )
+        optimizer = c.optim.build(model.parameters(), batch_size=c.batch_size, device=device)
         return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])])
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
@@ -157,7 +124,9 @@ class CifarRecipe(Recipe[CifarConfig]):
         return {"test_accuracy": correct / total, "test_loss": loss_sum / total}
 
     def debug_config(self) -> CifarConfig:
-        debug_model = "vgg_debug" if self.config.model.startswith("vgg") else "resnet_debug"
+        debug_model: CifarModel = (
+            "cifar_vgg_debug" if self.config.model.startswith("cifar_vgg") else "cifar_resnet_debug"
+        )
         return dataclasses.replace(
             self.config,
             model=debug_model,

@@ -2,9 +2,9 @@
 
 The backbone (base encoder without its projector) is frozen in eval mode (its BatchNorm statistics never change: a
 frozen model of the engine); a linear classifier, init N(0, 0.01) and bias 0, is trained with SGD (momentum 0.9,
-weight decay 0), lr = base (ResNet 0.1, ViT 3) x batch / 256, cosine. After the first epoch (and at every
-evaluation) a check asserts that no backbone weight or BN statistic changed. The final-epoch accuracy is the result;
-the best evaluated epoch only a labelled extra (choosing it uses the test set).
+weight decay 0), lr = base (ResNet 0.1, ViT 3) x batch / 256 (`--optim.base-learning-rate`), cosine. After the first
+epoch (and at every evaluation) a check asserts that no backbone weight or BN statistic changed. The final-epoch
+accuracy is the result; the best evaluated epoch only a labelled extra (choosing it uses the test set).
 
 Data (`trainlab.data.sources.open_split`): `--data.kind image-folder --data.root DIR` reads DIR/train/<class>/* and
 DIR/val/<class>/* (any number of classes, ImageNet mean / std) with the official transforms at side S =
@@ -59,8 +59,10 @@ from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
-from trainlab.models.moco import MoCo, MocoArch, build_moco, infer_arch, read_moco_state
-from trainlab.models.moco.vit import check_vit_image_size
+from trainlab.models.backbones.vit import check_vit_image_size
+from trainlab.models.moco import MoCo, build_moco, infer_arch, read_moco_state
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
+from trainlab.optim.config import OptimConfig
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +83,18 @@ class Backbone(nn.Module):
         return self._moco_features(x_BCHW)
 
 
-def load_backbone(checkpoint: str, arch: MocoArch, image_size: int) -> tuple[MoCo, str]:
-    """The MoCo model of `checkpoint` (official or trainlab), or a random-init `arch` when `checkpoint` is ''.
+def load_backbone(checkpoint: str, model: MocoBackbone, image_size: int) -> tuple[MoCo, str]:
+    """The MoCo model of `checkpoint` (official or trainlab), or a random-init `model` backbone when `checkpoint` is
+    ''.
 
     Raises:
         UsageError: an unreadable checkpoint or weights that do not fit its architecture (see `build_moco`).
     """
     if not checkpoint:
-        return MoCo(arch, dim=256, mlp_dim=512, image_size=image_size), f"random-init {arch}"
+        return MoCo(model, dim=256, mlp_dim=512, image_size=image_size), f"random-init {model}"
     state, _ = read_moco_state(checkpoint)
-    model = build_moco(state, where=checkpoint)
-    return model, f"{model.arch} from {checkpoint}"
+    moco = build_moco(state, where=checkpoint)
+    return moco, f"{moco.backbone} from {checkpoint}"
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -139,7 +142,7 @@ def _pretrained_on(checkpoint: str) -> tuple[dict[str, Any], str]:
         found["image_size"] = config["image_size"]
     if "image_size" in arch:  # a ViT: its position table is for this side only
         found["image_size"] = arch["image_size"]
-    return found, str(arch["arch"])
+    return found, str(arch["backbone"])
 
 
 _FLAGS = {"kind": "--data.kind", "root": "--data.root", "image_size": "--image-size"}
@@ -160,7 +163,7 @@ def resolve_eval_data(checkpoint: str, data: ProbeData, image_size: int | None) 
         UsageError: an unreadable checkpoint, a ViT side other than its own, or a side the data cannot take.
     """
     found, arch = _pretrained_on(checkpoint)
-    if image_size is not None and arch.startswith("vit") and image_size != found["image_size"]:
+    if image_size is not None and arch.startswith("moco_vit") and image_size != found["image_size"]:
         raise UsageError(
             f"--image-size {image_size}: {checkpoint} is a {arch} whose position table is for {found['image_size']} "
             f"px inputs; leave --image-size out (or pass {found['image_size']})"
@@ -205,13 +208,21 @@ class LinearProbeConfig(TrainConfig):
         metavar="PATH",
         deprecated=("--checkpoint",),
     )
-    arch: MocoArch = option("resnet_debug", "backbone when --moco-weights is '' (the random-init baseline)")
+    model: MocoBackbone = option(
+        "tv_resnet_debug",
+        "backbone (registry name) when --moco-weights is '' (the random-init baseline)",
+        deprecated=("--arch",),
+        deprecated_values=FORMER_MOCO_BACKBONES,
+    )
     data: ProbeData = option(ProbeData(), "which images (default: the backbone's pretraining data)")
     image_size: int | None = option(
         None, "input side (digits 8-32; official 224); default: the checkpoint's pretraining side, else 16", ge=1
     )
     augment: bool = option(True, "train RandomResizedCrop(S) + flip (cifar10, image-folder; digits and fake never)")
-    base_learning_rate: float = option(0.1, "lr per 256 images (official: ResNet 0.1, ViT 3)", gt=0)
+    optim: OptimConfig = option(
+        OptimConfig(name="sgd", base_learning_rate=0.1, momentum=0.9, weight_decay=0.0),
+        "official: SGD, momentum 0.9, no weight decay; base lr per 256 images (ResNet 0.1, ViT 3)",
+    )
     batch_size: int = option(256, "global batch per optimizer step (official 1024)", gt=0)
     epochs: int = option(90, "number of epochs (official 90)", ge=1)
     schedule: ScheduleConfig = option(ScheduleConfig(kind="cosine"), "cosine decay, no warm-up (official)")
@@ -226,7 +237,7 @@ class LinearProbeConfig(TrainConfig):
         if size is not None:
             check_image_size(kind, size)
             if not self.moco_weights:
-                check_vit_image_size(self.arch, size)
+                check_vit_image_size(self.model, size)
 
     @property
     def side(self) -> int:
@@ -276,7 +287,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
 
     def build(self, device: torch.device) -> TrainParts:
         c, side = self.config, self.config.side
-        moco, self.source = load_backbone(c.moco_weights, c.arch, side)
+        moco, self.source = load_backbone(c.moco_weights, c.model, side)
         backbone = Backbone(moco).to(device).eval()  # eval before any forward: train mode would move BN statistics
         self._initial = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
         with torch.no_grad():
@@ -284,8 +295,7 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
         classifier = nn.Linear(width, self.num_classes()).to(device)
         nn.init.normal_(classifier.weight, mean=0.0, std=0.01)
         nn.init.zeros_(classifier.bias)
-        lr = c.base_learning_rate * c.batch_size / 256
-        optimizer = torch.optim.SGD(classifier.parameters(), lr=lr, momentum=0.9, weight_decay=0.0)
+        optimizer = c.optim.build(classifier.parameters(), batch_size=c.batch_size, device=device)
         return TrainParts(
             models={"classifier": classifier},
             phases=[Phase("main", optimizer, ["classifier"])],

@@ -28,7 +28,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,12 +52,13 @@ from trainlab.data.transforms import TwoViews
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
-from trainlab.evaluate.knn import extract_features, knn_accuracy
-from trainlab.models.moco import MOCO_ARCHS, MoCo, MocoArch, cosine_momentum, official_checkpoint
-from trainlab.models.moco.vit import check_vit_image_size
-from trainlab.optim import LARS
-
-OptimizerName = Literal["lars", "adamw"]
+from trainlab.evaluate.features import extract_features
+from trainlab.evaluate.knn import knn_accuracy
+from trainlab.models.backbones.vit import check_vit_image_size
+from trainlab.models.moco import MoCo, is_vit, official_checkpoint
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
+from trainlab.optim.config import OptimConfig
+from trainlab.optim.momentum import cosine_momentum
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -81,7 +82,12 @@ class MocoConfig(TrainConfig):
     run_dir: Path = option(
         Path("runs/moco"), "the run's folder: config, metrics, checkpoints; launched again, it resumes", metavar="DIR"
     )
-    arch: MocoArch = option("resnet18_cifar", "backbone: " + ", ".join(MOCO_ARCHS))
+    model: MocoBackbone = option(
+        "tv_resnet18_cifar",
+        "backbone (registry name): torchvision ResNets tv_*, MoCo v3 ViTs moco_vit_*",
+        deprecated=("--arch",),
+        deprecated_values=FORMER_MOCO_BACKBONES,
+    )
     data: MocoData = option(MocoData(), "which images")
     image_size: int = option(32, "view side in pixels (official 224; CIFAR 32; digits 8-32)", ge=1)
     crop_min: float = option(
@@ -94,10 +100,11 @@ class MocoConfig(TrainConfig):
     momentum: float = option(0.99, "momentum-encoder coefficient m0 (official --moco-m; 1: frozen keys)", ge=0, le=1)
     momentum_cosine: bool = option(True, "cosine schedule of m from m0 to 1 per iteration (official --moco-m-cos)")
     stop_grad_conv1: bool = option(False, "ViT: keep the patch projection at its random init (--stop-grad-conv1)")
-    optimizer: OptimizerName = option("lars", "lars (ResNet) or adamw (ViT)")
-    base_learning_rate: float = option(0.6, "learning rate per 256 images; lr = base x batch_size / 256 (--lr)", gt=0)
-    weight_decay: float = option(1e-6, "weight decay (official --wd: LARS 1e-6, AdamW 0.1)", ge=0)
-    optimizer_momentum: float = option(0.9, "LARS momentum", ge=0, lt=1)
+    optim: OptimConfig = option(
+        OptimConfig(name="lars", base_learning_rate=0.6, momentum=0.9, weight_decay=1e-6),
+        "official: lars (ResNet) or adamw (ViT); base lr per 256 images (--lr), lr = base x batch_size / 256; "
+        "weight decay (--wd) LARS 1e-6, AdamW 0.1",
+    )
     sync_batchnorm: bool = option(True, "SyncBatchNorm when distributed on CUDA (as the official code)")
     batch_size: int = option(512, "global batch per optimizer step (official 4096)", gt=0)
     moco_keys: moco_batch_keys.MocoKeys = option(
@@ -118,7 +125,7 @@ class MocoConfig(TrainConfig):
     def validate(self) -> None:
         super().validate()
         check_image_size(self.data.kind, self.image_size)
-        check_vit_image_size(self.arch, self.image_size)
+        check_vit_image_size(self.model, self.image_size)
         check_knn_k(self.knn_k, "--knn-k", self.data.kind, self.data.eval_limit)
 
 
@@ -181,9 +188,8 @@ def _unwrap(model: nn.Module) -> MoCo:
 class MocoRecipe(Recipe[MocoConfig]):
     name = "moco"
     config_class = MocoConfig
-    resume_must_match = ("arch", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optimizer")
+    resume_must_match = ("model", "data", "image_size", "projection_dim", "mlp_hidden_dim", "optim")
     resume_may_change = ("data.root", "knn_k", "knn_temperature", "data.eval_limit", "eval_batch_size")  # kNN monitor
-    supports_activation_checkpointing = True  # per ViT block / per ResNet stage
 
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
@@ -192,21 +198,16 @@ class MocoRecipe(Recipe[MocoConfig]):
             None  # full-batch keys of the current optimizer step
         )
 
-    def learning_rate(self) -> float:
-        """The official linear scaling: base x global batch / 256."""
-        return self.config.base_learning_rate * self.config.batch_size / 256
-
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
         model = MoCo(
-            c.arch,
+            c.model,
             dim=c.projection_dim,
             mlp_dim=c.mlp_hidden_dim,
             temperature=c.temperature,
             image_size=c.image_size,
             stop_grad_conv1=c.stop_grad_conv1,
         )
-        model.set_activation_checkpointing(c.activation_checkpointing)
         if dist.world_size() > 1:
             model.gather_keys = dist.gather_keys
             if c.sync_batchnorm and device.type == "cuda":
@@ -216,11 +217,7 @@ class MocoRecipe(Recipe[MocoConfig]):
         log_keys(c, dist.world_size(), dist.world_size() > 1 and c.sync_batchnorm and device.type == "cuda")
         model = model.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer: torch.optim.Optimizer
-        if c.optimizer == "lars":
-            optimizer = LARS(params, self.learning_rate(), weight_decay=c.weight_decay, momentum=c.optimizer_momentum)
-        else:
-            optimizer = torch.optim.AdamW(params, self.learning_rate(), weight_decay=c.weight_decay)
+        optimizer = c.optim.build(params, batch_size=c.batch_size, device=device)
         return TrainParts(models={"moco": model}, phases=[Phase("main", optimizer, ["moco"])])
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
@@ -304,10 +301,9 @@ class MocoRecipe(Recipe[MocoConfig]):
         torch.save(state, self.config.run_dir / "checkpoint_official.pth.tar")
 
     def debug_config(self) -> MocoConfig:
-        vit = self.config.arch.startswith("vit")
         return dataclasses.replace(
             self.config,
-            arch="vit_debug" if vit else "resnet_debug",
+            model="moco_vit_debug" if is_vit(self.config.model) else "tv_resnet_debug",
             data=dataclasses.replace(self.config.data, kind="digits", train_limit=128, eval_limit=128),
             image_size=16,
             crop_min=0.2,

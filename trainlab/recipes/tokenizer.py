@@ -49,22 +49,25 @@ from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
-from trainlab.evaluate.fid import feature_statistics, frechet_distance
+from trainlab.evaluate.frechet import feature_statistics, frechet_distance
 from trainlab.evaluate.inception import inception_features, load_inception
 from trainlab.evaluate.psnr import psnr
 from trainlab.losses.gan import GanLossKind, adaptive_gan_weight, discriminator_loss, generator_loss
 from trainlab.losses.perceptual import PerceptualLoss, load_perceptual_loss
 from trainlab.models.discriminator import NormKind, PatchDiscriminator
+from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAEName
 from trainlab.models.var.codebook import (
     DeadCodeTracker,
     EMACodebook,
     StepAssignments,
+    code_counts,
     code_usage,
     restart_codes_,
     scale_residuals,
     usage_from_counts,
 )
-from trainlab.models.var.vqvae import PATCH_NUMS_256, VQVAE, VQVAEConfig
+from trainlab.models.var.vqvae import PATCH_NUMS_256, VQVAE, VQVAEConfig, vqvae_config
+from trainlab.optim.config import OptimConfig
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,16 @@ class TokenizerData(DataConfig):
 
 
 @dataclasses.dataclass(kw_only=True)
+class TokenizerOptimConfig(OptimConfig):
+    """The generator's optimizer group, with the tokenizer's former `--generator-learning-rate` spelling."""
+
+    learning_rate: float = option(
+        -1.0, "peak learning rate (-1: from --optim.base-learning-rate)", gt=0, sentinels=(-1,),
+        deprecated=("--learning-rate", "--generator-learning-rate"),
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(kw_only=True)
 class TokenizerConfig(TrainConfig):
     """Train VAR's multi-scale VQVAE tokenizer VQGAN-style (pixel + perceptual + PatchGAN losses; VQ or EMA codes)."""
 
@@ -105,8 +118,12 @@ class TokenizerConfig(TrainConfig):
         metavar="DIR",
     )
     # ---- VQVAE architecture (defaults: the official vae_ch160v4096z32, 256 px)
-    vqvae_preset: Literal["custom", "official", "digits", "debug"] = option(
-        "custom", "custom: the architecture fields below; else a VQVAE preset (official 256 px, digits / debug 16 px)"
+    model: Literal["custom", VQVAEName] = option(
+        "custom",
+        "custom: the architecture fields below; else a registered VQVAE (vqvae_official 256 px, vqvae_digits / "
+        "vqvae_debug 16 px)",
+        deprecated=("--vqvae-preset",),
+        deprecated_values=FORMER_VQVAE_NAMES,
     )
     vocab_size: int = option(4096, "codebook size V", ge=1)
     z_channels: int = option(32, "latent / code channels", ge=1)
@@ -146,10 +163,20 @@ class TokenizerConfig(TrainConfig):
     discriminator_channels: int = option(64, "width of the discriminator's first conv", ge=1)
     discriminator_norm: NormKind = option("batch", "discriminator normalisation: batch (taming) or group")
     # ---- optimisation
-    generator_learning_rate: float = option(2.88e-4, "Adam learning rate of the VQVAE (taming: 4.5e-6 x batch)", gt=0)
-    discriminator_learning_rate: float = option(2.88e-4, "Adam learning rate of the discriminator", gt=0)
-    adam_beta1: float = option(0.5, "Adam beta1 for both optimizers (taming: 0.5)", ge=0, lt=1)
-    adam_beta2: float = option(0.9, "Adam beta2 for both optimizers (taming: 0.9)", ge=0, lt=1)
+    optim: TokenizerOptimConfig = option(
+        TokenizerOptimConfig(name="adam", learning_rate=2.88e-4, betas=(0.5, 0.9)),
+        "the VQVAE's optimizer (taming: Adam, lr 4.5e-6 x batch, betas 0.5 0.9); the discriminator's is the same "
+        "but for its learning rate",
+    )
+    discriminator_learning_rate: float = option(2.88e-4, "peak learning rate of the discriminator's optimizer", gt=0)
+    adam_beta1: float = option(
+        -1.0, "former spelling of the first --optim.betas value, until the next release (-1: unset)", ge=0, lt=1,
+        sentinels=(-1,),
+    )  # fmt: skip
+    adam_beta2: float = option(
+        -1.0, "former spelling of the second --optim.betas value, until the next release (-1: unset)", ge=0, lt=1,
+        sentinels=(-1,),
+    )  # fmt: skip
     batch_size: int = option(64, "global batch per optimizer step", gt=0)
     schedule: ScheduleConfig = option(ScheduleConfig(kind="constant"), "learning-rate schedule (taming: constant)")
     # ---- evaluation
@@ -158,6 +185,7 @@ class TokenizerConfig(TrainConfig):
     )
 
     def validate(self) -> None:
+        self._adopt_former_betas()
         super().validate()
         self._resolve_preset()
         vq = self.vqvae_config()  # checks widths (UsageError)
@@ -172,10 +200,23 @@ class TokenizerConfig(TrainConfig):
                 "lower --discriminator-layers"
             )
 
-    def _resolve_preset(self) -> None:
-        if self.vqvae_preset == "custom":
+    def _adopt_former_betas(self) -> None:
+        """`--adam-beta1 B1` / `--adam-beta2 B2` (the former spellings) into `optim.betas`, with a warning."""
+        former = (self.adam_beta1, self.adam_beta2)
+        if former == (-1.0, -1.0):
             return
-        preset = VQVAEConfig.preset(self.vqvae_preset)
+        betas = tuple(new if new >= 0 else old for new, old in zip(former, self.optim.betas, strict=False))
+        log.warning(
+            "--adam-beta1 / --adam-beta2 (adam_beta1 / adam_beta2) are the former spellings of --optim.betas "
+            "(accepted until the next release); use --optim.betas %g %g",
+            *betas,
+        )
+        self.optim.betas, self.adam_beta1, self.adam_beta2 = betas, -1.0, -1.0
+
+    def _resolve_preset(self) -> None:
+        if self.model == "custom":
+            return
+        preset = vqvae_config(self.model)
         wanted = {name: getattr(preset, name) for name in _ARCH_FIELDS if name != "image_size"}
         wanted["image_size"] = preset.image_size
         defaults = {f.name: f.default for f in dataclasses.fields(TokenizerConfig) if f.name in _ARCH_FIELDS}
@@ -183,8 +224,7 @@ class TokenizerConfig(TrainConfig):
             current = getattr(self, name)
             if current != value and current != defaults[name]:
                 raise UsageError(
-                    f"--vqvae-preset {self.vqvae_preset} sets {name}; drop --{name.replace('_', '-')} or use "
-                    "--vqvae-preset custom"
+                    f"--model {self.model} sets {name}; drop --{name.replace('_', '-')} or use --model custom"
                 )
             setattr(self, name, value)
 
@@ -244,10 +284,10 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         discriminator = PatchDiscriminator(
             3, c.discriminator_channels, c.discriminator_layers, norm=c.discriminator_norm
         ).to(device)
-        betas = (c.adam_beta1, c.adam_beta2)
         g_params = [p for p in vqvae.parameters() if p.requires_grad]
-        opt_g = torch.optim.Adam(g_params, lr=c.generator_learning_rate, betas=betas)
-        opt_d = torch.optim.Adam(discriminator.parameters(), lr=c.discriminator_learning_rate, betas=betas)
+        opt_g = c.optim.build(g_params, batch_size=c.batch_size, device=device)
+        d_optim = dataclasses.replace(c.optim, learning_rate=c.discriminator_learning_rate, base_learning_rate=-1.0)
+        opt_d = d_optim.build(discriminator.parameters(), batch_size=c.batch_size, device=device)
         log.info(
             "tokenizer: VQVAE %.2f M parameters, discriminator %.2f M; codebook %s (V=%d); GAN %s from step %d",
             sum(p.numel() for p in vqvae.parameters()) / 1e6,
@@ -427,7 +467,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         dtype = vqvae.post_quant_conv.weight.dtype
         loader = DataLoader(self._heldout, batch_size=c.eval_batch_size, shuffle=False, num_workers=0)
         psnr_sum, count = 0.0, 0
-        counts_SV = torch.zeros(len(c.patch_nums), c.vocab_size, device=device)
+        counts_SV = torch.zeros(len(c.patch_nums), c.vocab_size, device=device)  # code_counts of every batch
         real_feats: list[torch.Tensor] = []
         fake_feats: list[torch.Tensor] = []
         inception = models.get("inception")
@@ -437,18 +477,17 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             recon_B3HW = at_least_float32(recon_B3HW).clamp(-1.0, 1.0)
             psnr_sum += psnr(recon_B3HW, at_least_float32(img_B3HW), data_range=2.0) * img_B3HW.shape[0]
             count += img_B3HW.shape[0]
-            for si, idx in enumerate(idx_list):
-                counts_SV[si] += torch.bincount(idx.flatten(), minlength=c.vocab_size).float()
+            counts_SV += code_counts(idx_list, c.vocab_size)
             if inception is not None:
                 if self._real_fid_stats is None:
                     real_feats.append(inception_features(inception, img_B3HW))
                 fake_feats.append(inception_features(inception, recon_B3HW))
         metrics: dict[str, float] = {"psnr": psnr_sum / max(count, 1)}
-        usage = usage_from_counts(counts_SV.sum(dim=0))
+        usage = usage_from_counts(counts_SV)
         metrics["codebook_used_pct"] = float(usage.used_frac) * 100
         metrics["codebook_perplexity"] = float(usage.perplexity)
-        for si in range(len(c.patch_nums)):
-            metrics[f"codebook_used_pct/s{si}"] = float((counts_SV[si] > 0).float().mean()) * 100
+        for si, used_frac in enumerate(usage.used_frac_S.tolist()):
+            metrics[f"codebook_used_pct/s{si}"] = used_frac * 100
         if inception is not None:
             metrics["rfid"] = self._rfid(real_feats, fake_feats)
         return metrics
@@ -491,7 +530,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
         debug = VQVAEConfig.debug()
         return dataclasses.replace(
             self.config,
-            vqvae_preset="custom",
+            model="custom",
             vocab_size=debug.vocab_size,
             z_channels=debug.z_channels,
             ch=debug.ch,

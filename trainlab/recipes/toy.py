@@ -20,6 +20,7 @@ from trainlab.config import option
 from trainlab.data.tensors import NamedTensorDataset
 from trainlab.dtypes import at_least_float32
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
+from trainlab.optim.config import OptimConfig
 
 
 @dataclass(kw_only=True)
@@ -34,8 +35,9 @@ class ToyConfig(TrainConfig):
     num_classes: int = option(4, "classes", ge=1)
     hidden: int = option(32, "hidden width of the MLP", ge=1)
     dropout: float = option(0.0, "dropout probability (exercises the RNG state on resume)", ge=0, lt=1)
-    learning_rate: float = option(0.1, "peak learning rate (SGD, momentum 0.9)", gt=0)
-    weight_decay: float = option(0.0, "weight decay", ge=0)
+    optim: OptimConfig = option(
+        OptimConfig(name="sgd", learning_rate=0.1, momentum=0.9, weight_decay=0.0), "optimizer (SGD, momentum 0.9)"
+    )
     batch_size: int = option(32, "global batch per optimizer step", gt=0)
     step_sleep_seconds: float = option(0.0, "sleep in every step (lets tests interrupt a running job)", ge=0, le=3600)
 
@@ -67,7 +69,7 @@ class ToyRecipe(Recipe[ToyConfig]):
             nn.Dropout(c.dropout),
             nn.Linear(c.hidden, c.num_classes),
         ).to(device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=c.learning_rate, momentum=0.9, weight_decay=c.weight_decay)
+        optimizer = c.optim.build(model.parameters(), batch_size=c.batch_size, device=device)
         return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])])
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:

@@ -9,8 +9,8 @@ What one step does (official `trainer.py: train_step`):
     loss    = sum_l CE(logits_l, token_l) / L, mean over the batch   (= mean token cross-entropy)
 
 Settings and where they come from (reference/var.md section 3):
-    peak lr         = base_learning_rate x batch_size / 256, computed once in `VARTrainConfig.peak_learning_rate`
-                      (official tblr; batch_size is the global batch per optimizer step, accumulation included)
+    peak lr         = optim.base_learning_rate x batch_size / 256, `OptimConfig.peak_lr` (the one linear-scaling
+                      rule; official tblr; batch_size is the global batch per optimizer step, accumulation included)
     optimizer       AdamW, betas (0.9, 0.95), weight decay 0.05, fused (CUDA and CPU); no decay for 1-D parameters,
                       biases and names containing one of `NO_WEIGHT_DECAY_KEYWORDS` (official `filter_params`)
     clipping        total grad norm 2.0 after unscaling (engine)
@@ -82,17 +82,19 @@ from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, 
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.losses.token_cross_entropy import TokenMetricTotals, token_cross_entropy, token_metrics
-from trainlab.models.var.loading import export_var, load_official_into_, load_tokenizer
+from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAEName
+from trainlab.models.var.convert import export_var, load_official_into_, load_tokenizer
 from trainlab.models.var.scales import scale_slices, sequence_length
 from trainlab.models.var.transformer import PATCH_NUMS_256, VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE
+from trainlab.optim.config import OptimConfig
 from trainlab.optim.param_groups import param_groups
 from trainlab.recipes.var_progressive import ProgressiveSchedule
 
 log = logging.getLogger(__name__)
 
 VarKind = Literal["image-folder", "digits", "fake"]
-TokenizerArchitecture = Literal["auto", "official", "digits", "debug"]  # auto or a VQVAE_PRESETS name
+TokenizerModel = Literal["auto", VQVAEName]  # inferred from the weights, or a registered VQVAE
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -150,8 +152,11 @@ class VARTrainConfig(TrainConfig):
         metavar="PATH",
         deprecated=("--tokenizer",),
     )
-    tokenizer_config: TokenizerArchitecture = option(
-        "auto", "tokenizer architecture: auto (from the weights) or a VQVAE preset (official = ch160 v4096 z32)"
+    tokenizer_model: TokenizerModel = option(
+        "auto",
+        "tokenizer architecture: auto (from the weights) or a registered VQVAE (vqvae_official = ch160 v4096 z32)",
+        deprecated=("--tokenizer-config",),
+        deprecated_values=FORMER_VQVAE_NAMES,
     )
     # ----------------------------------------------------------------------------------------------- data
     data: VarData = option(VarData(), "which images (the official runs: an ImageNet-layout folder)")
@@ -166,12 +171,11 @@ class VARTrainConfig(TrainConfig):
     batch_size: int = option(
         768, "global batch per optimizer step, all GPUs and accumulation steps (official bs)", gt=0
     )
-    base_learning_rate: float = option(
-        1e-4, "lr per 256 images: peak lr = this x batch_size / 256 (official tblr)", gt=0
+    optim: OptimConfig = option(
+        OptimConfig(name="adamw", base_learning_rate=1e-4, betas=(0.9, 0.95), weight_decay=0.05, fused=True),
+        "official: AdamW, base lr per 256 images (tblr; peak = base x batch_size / 256), betas (0.9, 0.95), "
+        "weight decay of the decayed group (twd), fused kernel (afuse)",
     )
-    betas: tuple[float, ...] = option((0.9, 0.95), "AdamW betas (two values)", ge=0, lt=1)
-    weight_decay: float = option(0.05, "AdamW weight decay of the decayed group (official twd)", ge=0)
-    fused_optimizer: bool = option(True, "fused AdamW kernel on CUDA and CPU (official afuse)")
     clip_grad_norm: float = option(
         2.0, "clip the total gradient norm to this after unscaling (official tclip; 0: no clip)", ge=0
     )
@@ -196,11 +200,6 @@ class VARTrainConfig(TrainConfig):
     )
     export: bool = option(True, "write var_export.pth and var_export.safetensors after the last epoch")
 
-    @property
-    def peak_learning_rate(self) -> float:
-        """Official linear scaling: tblr x global batch / 256 (e.g. d16: 1e-4 x 768 / 256 = 3e-4)."""
-        return self.base_learning_rate * self.batch_size / 256
-
     def validate(self) -> None:
         super().validate()
         if self.precision in ("fp16", "bf16", "fp16-scale"):
@@ -208,8 +207,6 @@ class VARTrainConfig(TrainConfig):
                 f"precision {self.precision!r} casts VAR's weights to 16 bits; use fp16-amp-scale (official), bf16-amp "
                 "or fp32"
             )
-        if len(self.betas) != 2:
-            raise UsageError(f"--betas takes two values (beta1 beta2), got {len(self.betas)}: {list(self.betas)}")
         if self.progressive_until > 0 and not self.progressive_start_scale < len(self.patch_nums) - 1:
             raise UsageError(
                 f"--progressive-start-scale must be in [0, {len(self.patch_nums) - 2}] for {len(self.patch_nums)} "
@@ -260,7 +257,6 @@ class VARRecipe(Recipe[VARTrainConfig]):
     config_class = VARTrainConfig
     best_metric = "val_cross_entropy_last_scale"  # the official "best" checkpoint tracks the val tail loss
     best_mode = "min"
-    supports_activation_checkpointing = True  # per transformer block
     resume_may_change = (
         "data.root",
         "tokenizer_weights",  # a moved file: the checkpoint keeps the weights' SHA-256 and refuses others
@@ -324,32 +320,27 @@ class VARRecipe(Recipe[VARTrainConfig]):
     # -------------------------------------------------------------------------------------------- build
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
-        tokenizer = load_tokenizer(c.tokenizer_weights, c.tokenizer_config, c.patch_nums, seed=c.seed)
+        tokenizer = load_tokenizer(c.tokenizer_weights, c.tokenizer_model, c.patch_nums, seed=c.seed)
         _check_tokenizer(c, tokenizer)
         self.tokenizer_hash = tokenizer_sha256(tokenizer)
         # NHWC convolutions and SDPA in the encoder's attention: the same tokens, ~1.3x faster encoding on CPU
         tokenizer.optimize_for_inference()
         var = VAR(var_model_config(c, tokenizer.cfg.z_channels))
         var.init_weights(c.init_adaln, c.init_adaln_gamma, c.init_head, c.init_std)
-        var.activation_checkpointing = c.activation_checkpointing
         if c.init_from:
             load_official_into_(var, Path(c.init_from))
         var = var.to(device)
-        lr = c.peak_learning_rate
-        groups = param_groups(var, c.weight_decay, lr)
-        fused = c.fused_optimizer and device.type in ("cuda", "cpu")  # torch has a fused AdamW kernel for both
-        optimizer = torch.optim.AdamW(groups, lr=lr, betas=(c.betas[0], c.betas[1]), fused=fused or None)
+        groups = param_groups(var, c.optim.weight_decay, c.optim.peak_lr(c.batch_size))
+        optimizer = c.optim.build(groups, batch_size=c.batch_size, device=device)
         log.info(
-            "VAR d%d: %.2f M parameters; peak lr = base_learning_rate %.3g x batch_size %d / 256 = %.4g; "
-            "%d decayed / %d not decayed tensors; fused AdamW %s",
+            "VAR d%d: %.2f M parameters; %s; %d decayed / %d not decayed tensors; %s%s",
             c.depth,
             var.num_parameters() / 1e6,
-            c.base_learning_rate,
-            c.batch_size,
-            lr,
+            c.optim.describe_lr(c.batch_size),
             len(groups[0]["params"]),
             len(groups[1]["params"]),
-            fused,
+            c.optim.name,
+            " (fused)" if optimizer.defaults.get("fused") else "",
         )
         return TrainParts(
             models={"var": var}, phases=[Phase("main", optimizer, ["var"])], frozen={"tokenizer": tokenizer}
@@ -506,11 +497,12 @@ class VARRecipe(Recipe[VARTrainConfig]):
             vocab_size=64,
             num_classes=10,
             tokenizer_weights="",
-            tokenizer_config="debug",
+            tokenizer_model="vqvae_debug",
             init_from="",
             data=dataclasses.replace(c.data, kind="fake", fake_size=32, train_limit=0, eval_limit=0),
             batch_size=8 * c.grad_accumulation,
-            base_learning_rate=0.03,  # peak lr 1e-3 at batch 8, so that the weights visibly move in a few steps
+            # peak lr 1e-3 at batch 8, so that the weights visibly move in a few steps
+            optim=dataclasses.replace(c.optim, learning_rate=-1.0, base_learning_rate=0.03),
             epochs=3,  # 4 steps per epoch: the debug check resumes mid-epoch (step 6)
             max_steps=-1,
             eval_batch_size=32,

@@ -1,4 +1,4 @@
-"""The report figures: one run (loss vs step, accuracy vs epoch) or the precision-lab comparison of several.
+"""The report figures: one run (loss vs step, accuracy vs epoch, training health) or the precision-lab comparison.
 
 Inputs come from `trainlab.report.runs` (one `RunData` per run directory). Figures are built with the
 object-oriented `matplotlib.figure.Figure` API and written by the Agg canvas, so nothing here touches pyplot's global
@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from trainlab.errors import UsageError
-from trainlab.report.runs import RunData, is_number, load_run
+from trainlab.report.runs import RunData, is_number, latest_rows, load_run, read_metrics
 from trainlab.report.tables import MIB, mean_std, timing_note
 
 DPI = 120
@@ -155,11 +155,12 @@ def _eval_axis(runs: list[RunData]) -> tuple[str, str, float] | None:
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Training loss vs step and test accuracy vs epoch for one run.
+    """Training loss vs step and test accuracy vs epoch for one run, and its training health when it logged any.
 
     Args:
         run_dir: the run directory.
-        out_dir: where to write `loss.png` and (when the run has eval rows) `accuracy.png`.
+        out_dir: where to write `loss.png`, (when the run has eval rows) `accuracy.png` and (when it has health rows,
+            `--health-every`) `health.png`.
 
     Returns:
         The paths written.
@@ -199,7 +200,67 @@ def plot_run(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
         _integer_x(ax)
         ax.legend()
         paths.append(_save(fig, out_dir, "accuracy.png" if attr == "accuracy" else "eval.png"))
+    health = plot_health(run_dir, out_dir)
+    if health is not None:
+        paths.append(health)
     return paths
+
+
+# ------------------------------------------------------------------------------------------------ training health
+
+_HEALTH_PANELS = (
+    ("grad_norm", "gradient norm (before clipping)", True),
+    ("update_ratio", "update / weight norm per step", True),
+    ("dead_fraction", "dead ReLU units (fraction)", False),
+)
+LEGEND_UP_TO = 12  # series per panel named in a legend; more are told apart by colour (early blocks dark)
+
+
+def plot_health(run_dir: str | Path, out_dir: str | Path) -> Path | None:
+    """`health.png`: per block gradient norm, update-to-weight ratio and dead ReLU fraction vs step, one panel each
+    (the rows `--health-every` logs; trainlab.engine.health). None when the run logged no health.
+
+    Blocks are coloured in model order (dark: first blocks, light: last); the usual update ratio (1e-3) and the dead
+    fraction that draws a warning (0.5) are dashed lines.
+    """
+    rows = latest_rows(read_metrics(run_dir), "health", "step")
+    if not rows:
+        return None
+    import matplotlib
+
+    from trainlab.engine.health import DEAD_FRACTION_WARN, USUAL_UPDATE_RATIO
+
+    fig = Figure(figsize=(9, 10), layout="constrained")
+    axes = fig.subplots(len(_HEALTH_PANELS), 1, sharex=True)
+    for ax, (kind, ylabel, log_y) in zip(axes, _HEALTH_PANELS):
+        keys = list(dict.fromkeys(k for r in rows for k in r if k.startswith(kind + "/")))
+        colors = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, max(len(keys), 1)))
+        for color, key in zip(colors, keys):
+            x = np.asarray([r["step"] for r in rows if is_number(r.get(key))], dtype=np.int64)
+            y = np.asarray([float(r[key]) for r in rows if is_number(r.get(key))])
+            keep = np.isfinite(y) & ((y > 0) if log_y else True)
+            label = key.split("/", 1)[1] if len(keys) <= LEGEND_UP_TO else None
+            ax.plot(x[keep], y[keep], color=color, linewidth=1.0, label=label, **_marker(int(keep.sum())))
+        if log_y and keys:
+            ax.set_yscale("log")
+        if kind == "update_ratio":
+            ax.axhline(USUAL_UPDATE_RATIO, color="0.4", linestyle="--", linewidth=0.8, label="usual (1e-3)")
+        if kind == "dead_fraction":
+            ax.set_ylim(-0.02, 1.02)
+            ax.axhline(DEAD_FRACTION_WARN, color="C3", linestyle="--", linewidth=0.8, label="warning")
+        title = f"{ylabel}: {len(keys)} {'ReLU' if kind == 'dead_fraction' else 'block'}(s)"
+        if not keys:
+            title += " (none logged: no ReLU-family module)" if kind == "dead_fraction" else " (none logged)"
+        elif len(keys) > LEGEND_UP_TO:
+            title += ", dark = first, light = last"
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel(ylabel.split(" (")[0], fontsize=8)
+        ax.grid(True, alpha=0.3)
+        _legend(ax)
+    axes[-1].set_xlabel("optimizer step")
+    _integer_x(axes[-1])
+    fig.suptitle(f"Training health: {Path(run_dir).name}")
+    return _save(fig, Path(out_dir), "health.png")
 
 
 # ------------------------------------------------------------------------------------------------ comparison

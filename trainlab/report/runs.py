@@ -383,6 +383,8 @@ def group_runs(run_dirs: Sequence[str | Path]) -> dict[str, list[Path]]:
         "log_every",
         "checkpoint_every",
         "memory_snapshot",
+        "health_every",
+        "dist_timeout",
     }
     keyed: dict[str, list[Path]] = {}
     info: dict[str, tuple[str, str | None]] = {}

@@ -1,20 +1,10 @@
-"""MoCo v3 models: the MoCo module (ResNet / ViT backbones, projector, predictor, momentum encoder), its loss and
-momentum update, and official checkpoint loading / export."""
+"""MoCo v3 models: the MoCo module (a registry backbone, projector, predictor, momentum encoder) and its momentum
+update (`model`), and official checkpoint loading / export (`convert`). The loss is `trainlab.losses.infonce`, the
+momentum schedule `trainlab.optim.momentum`, the backbones `trainlab.models.backbones`."""
 
 from __future__ import annotations
 
-from trainlab.models.moco.builder import (
-    MOCO_ARCHS,
-    MoCo,
-    MocoArch,
-    backbone_features,
-    build_mlp,
-    contrastive_loss,
-    cosine_momentum,
-    local_keys,
-    momentum_update_,
-)
-from trainlab.models.moco.official import (
+from trainlab.models.moco.convert import (
     build_moco,
     export_official,
     infer_arch,
@@ -22,20 +12,23 @@ from trainlab.models.moco.official import (
     official_checkpoint,
     read_moco_state,
 )
+from trainlab.models.moco.model import (
+    MoCo,
+    backbone_features,
+    build_mlp,
+    is_vit,
+    momentum_update_,
+)
 
 __all__ = [
-    "MOCO_ARCHS",
     "MoCo",
-    "MocoArch",
     "backbone_features",
     "build_mlp",
     "build_moco",
-    "contrastive_loss",
-    "cosine_momentum",
     "export_official",
     "infer_arch",
+    "is_vit",
     "load_official",
-    "local_keys",
     "momentum_update_",
     "official_checkpoint",
     "read_moco_state",

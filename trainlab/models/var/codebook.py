@@ -1,6 +1,7 @@
 """Codebook maintenance for the multi-scale quantizer, applied from outside `MultiScaleQuantizer`.
 
-* `code_usage`: per-batch statistics from the per-scale code lists (fraction used, perplexity, dead codes).
+* `code_usage` / `usage_from_counts`: the one code-usage statistic (fraction used, perplexity, dead codes, per scale
+  and pooled), of a batch of codes or of counts summed over a held-out set.
 * `scale_residuals`: the vector each token was matched against (the area-pooled residual of its scale), recomputed
   through the quantizer's public `f_to_fhat_per_scale`.
 * `EMACodebook`: the VQ-VAE-2 / Sonnet exponential-moving-average codebook update. Per code v:
@@ -32,33 +33,51 @@ from trainlab.models.var.quantizer import MultiScaleQuantizer
 
 @dataclass
 class CodeUsage:
-    """Usage statistics of one batch of codes (all scales pooled). Tensors stay on the codes' device."""
+    """Code-usage statistics of a set of per-scale codes: the one home of codebook usage (training metrics, held-out
+    evaluation, tests). Tensors stay on the codes' device.
 
-    counts_V: torch.Tensor  # float32 hits per code
-    used_frac: torch.Tensor  # scalar: fraction of codes hit at least once
-    perplexity: torch.Tensor  # scalar: exp(entropy of the hit histogram); V for uniform use, 1 for one code
-    dead_codes: torch.Tensor  # scalar: codes not hit in this batch
+    Attributes:
+        counts_SV: float32 hits per scale and code.
+        counts_V: float32 hits per code, all scales pooled.
+        used_frac: scalar: fraction of the V codes hit at least once (pooled).
+        perplexity: scalar: exp(entropy of the pooled hit histogram); V for uniform use, 1 for one code.
+        dead_codes: scalar: codes never hit (pooled).
+        used_frac_S: per scale, the fraction of codes hit at least once.
+    """
+
+    counts_SV: torch.Tensor
+    counts_V: torch.Tensor
+    used_frac: torch.Tensor
+    perplexity: torch.Tensor
+    dead_codes: torch.Tensor
+    used_frac_S: torch.Tensor
+
+
+def code_counts(idx_list: Sequence[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """Hits per scale and code (S, V) float32 of per-scale codes (each (B, pn*pn) int64); counts of several batches
+    add up."""
+    return torch.stack([torch.bincount(idx.flatten(), minlength=vocab_size).float() for idx in idx_list])
 
 
 def code_usage(idx_list: Sequence[torch.Tensor], vocab_size: int) -> CodeUsage:
-    """Statistics of per-scale codes (each (B, pn*pn) int64), pooled over scales."""
-    counts_V = torch.zeros(vocab_size, dtype=torch.float32, device=idx_list[0].device)
-    for idx in idx_list:
-        counts_V += torch.bincount(idx.flatten(), minlength=vocab_size).float()
-    return usage_from_counts(counts_V)
+    """Statistics of per-scale codes (each (B, pn*pn) int64)."""
+    return usage_from_counts(code_counts(idx_list, vocab_size))
 
 
-def usage_from_counts(counts_V: torch.Tensor) -> CodeUsage:
-    """Statistics of a code histogram (V,)."""
-    counts_V = counts_V.float()
+def usage_from_counts(counts_SV: torch.Tensor) -> CodeUsage:
+    """Statistics of per-scale hit counts (S, V), e.g. `code_counts` summed over a held-out set."""
+    counts_SV = counts_SV.float()
+    counts_V = counts_SV.sum(dim=0)
     p_V = counts_V / counts_V.sum().clamp_min(1.0)
     entropy = -(p_V * p_V.clamp_min(1e-30).log()).sum()
     used_V = counts_V > 0
     return CodeUsage(
+        counts_SV=counts_SV,
         counts_V=counts_V,
         used_frac=used_V.float().mean(),
         perplexity=entropy.exp(),
         dead_codes=(~used_V).sum().float(),
+        used_frac_S=(counts_SV > 0).float().mean(dim=1),
     )
 
 

@@ -277,28 +277,6 @@ class MultiScaleQuantizer(nn.Module):
             self.ema_vocab_hit_SV[si].mul_(decay).add_(hit_V, alpha=1.0 - decay)
         self.num_hit_updates += 1
 
-    @torch.no_grad()
-    def codebook_usage(self, idx_list: Sequence[torch.Tensor]) -> dict[str, float]:
-        """Code-usage statistics of a batch of per-scale codes.
-
-        Returns:
-            `used_frac` (fraction of the V codes hit at least once, all scales pooled), `perplexity`
-            (exp of the entropy of the pooled code histogram; V for uniform use, 1 for a single code),
-            `dead_codes` (codes never hit), and `used_frac/s{si}` per scale.
-        """
-        stats: dict[str, float] = {}
-        total_V = torch.zeros(self.vocab_size, dtype=torch.float64)
-        for si, idx in enumerate(idx_list):
-            hit_V = torch.bincount(idx.flatten().cpu(), minlength=self.vocab_size).double()
-            total_V += hit_V
-            stats[f"used_frac/s{si}"] = (hit_V > 0).double().mean().item()
-        p_V = total_V / total_V.sum().clamp_min(1.0)
-        entropy = -(p_V * p_V.clamp_min(1e-30).log()).sum().item()
-        stats["used_frac"] = (total_V > 0).double().mean().item()
-        stats["perplexity"] = float(np.exp(entropy))
-        stats["dead_codes"] = float((total_V == 0).sum().item())
-        return stats
-
     def _check_idx(self, idx_list: Sequence[torch.Tensor]) -> None:
         if len(idx_list) != self.num_scales:
             raise UsageError(

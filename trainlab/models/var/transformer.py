@@ -3,7 +3,7 @@
 The model predicts all tokens of scale k at once from the class token and the tokenizer's accumulated f_hat of
 scales < k (block-causal attention, AdaLN conditioned on the class embedding). It is numerically the official
 FoundationVision/VAR model and loads the released `var_d16.pth` ... `var_d36.pth` state_dicts with strict key
-matching (see `loading`). Sampling lives in `sample`; this file holds only the model.
+matching (see `convert`). Sampling lives in `sample`; this file holds only the model.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class VAR(nn.Module):
         if cfg.shared_adaln:
             self.shared_ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
         drop_rates = torch.linspace(0, cfg.drop_path_rate, cfg.depth, device="cpu").tolist()
-        self.activation_checkpointing = False  # recompute each block in backward (training only; the recipe sets it)
+        self.grad_checkpointing = False  # see `set_grad_checkpointing`
         self.blocks = nn.ModuleList(
             AdaLNSelfAttn(
                 embed_dim=C,
@@ -283,7 +283,7 @@ class VAR(nn.Module):
             dtype = torch.get_autocast_dtype(device_type)
             x_BLC, cond_in = x_BLC.to(dtype), cond_in.to(dtype)
         segments = self._segments(end)
-        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
             if recompute:  # keep only the block's input; backward reruns the block (same RNG: same drop path)
                 x_BLC = checkpoint(block, x_BLC, cond_in, segments, use_reentrant=False)
@@ -292,6 +292,11 @@ class VAR(nn.Module):
         if return_hidden:
             return x_BLC
         return self.logits(x_BLC, cond_BD)
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each transformer block in backward instead of keeping its activations (training with gradients
+        only; the same RNG draws, so the same drop path)."""
+        self.grad_checkpointing = enabled
 
     # ------------------------------------------------------------------------------------------ KV-cache inference
     def enable_kv_cache(self) -> None:

@@ -1,9 +1,11 @@
 """VAR's multi-scale VQVAE tokenizer: encoder -> quant_conv -> multi-scale quantizer -> post_quant_conv -> decoder.
 
 Loads the official `vae_ch160v4096z32.pth` state_dict with strict key matching (`VQVAEConfig.official()`), and
-builds tiny variants for tests (`VQVAEConfig.debug()`). Numerics follow the official model (parity-tested against
-`../shared/fixtures/var_official_d4.pt`). Every image-producing decode path except `forward` clamps to [-1, 1].
-Images are float tensors in [-1, 1]: `x = img_u8.float() / 255; img = x + x - 1`.
+builds tiny variants for tests (`VQVAEConfig.debug()`). The named architectures are registered models:
+`vqvae_official`, `vqvae_digits`, `vqvae_debug` (`create_model("vqvae_digits", patch_nums=(1, 2, 3, 4))`).
+Numerics follow the official model (parity-tested against `../shared/fixtures/var_official_d4.pt`). Every
+image-producing decode path except `forward` clamps to [-1, 1]. Images are float tensors in [-1, 1]:
+`x = img_u8.float() / 255; img = x + x - 1`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from trainlab.errors import UsageError
+from trainlab.models.registry import register_model
 from trainlab.models.var.quantizer import MultiScaleQuantizer
 from trainlab.models.var.vqvae_blocks import AttnBlock, Decoder, Encoder, Upsample
 
@@ -91,17 +94,25 @@ class VQVAEConfig:
         """The demo's tokenizer for 16 px digits: the debug width with 256 codes (0.8 M parameters)."""
         return dataclasses.replace(cls.debug(), vocab_size=256)
 
-    @classmethod
-    def preset(cls, name: str, patch_nums: tuple[int, ...] | None = None) -> VQVAEConfig:
-        """A named architecture from `VQVAE_PRESETS`, optionally on other token-map sides."""
-        if name not in VQVAE_PRESETS:
-            raise UsageError(f"unknown VQVAE preset {name!r}; choose one of: {', '.join(VQVAE_PRESETS)}")
-        cfg = getattr(cls, name)()
-        return cfg if patch_nums is None else dataclasses.replace(cfg, patch_nums=tuple(patch_nums))
+
+_VQVAE_CONFIGS: dict[str, Callable[[], VQVAEConfig]] = {
+    "vqvae_official": VQVAEConfig.official,
+    "vqvae_digits": VQVAEConfig.digits,
+    "vqvae_debug": VQVAEConfig.debug,
+}
 
 
-VQVAE_PRESETS = ("official", "digits", "debug")
-"""The named VQVAE architectures (`VQVAEConfig.<name>()`), the one vocabulary both recipes and the demo use."""
+def vqvae_config(name: str, patch_nums: Sequence[int] | None = None) -> VQVAEConfig:
+    """The architecture of the named VQVAE (one of `trainlab.models.names.VQVAE_NAMES`), optionally on other
+    token-map sides.
+
+    Raises:
+        UsageError: an unknown name.
+    """
+    if name not in _VQVAE_CONFIGS:
+        raise UsageError(f"unknown VQVAE {name!r}; choose one of: {', '.join(_VQVAE_CONFIGS)}")
+    cfg = _VQVAE_CONFIGS[name]()
+    return cfg if patch_nums is None else dataclasses.replace(cfg, patch_nums=tuple(int(pn) for pn in patch_nums))
 
 
 class VQVAE(nn.Module):
@@ -228,6 +239,24 @@ class VQVAE(nn.Module):
             log.info("keeping own %s %s (checkpoint has %s)", _EMA_KEY, tuple(own.shape), tuple(ema.shape))
             state_dict = {**state_dict, _EMA_KEY: own.detach().clone()}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+@register_model("vqvae_official")
+def vqvae_official(patch_nums: Sequence[int] | None = None) -> VQVAE:
+    """The released `vae_ch160v4096z32` architecture (256 px; 512 px VAR passes `PATCH_NUMS_512`), random init."""
+    return VQVAE(vqvae_config("vqvae_official", patch_nums))
+
+
+@register_model("vqvae_digits")
+def vqvae_digits(patch_nums: Sequence[int] | None = None) -> VQVAE:
+    """The demo's tokenizer for 16 px digits (0.8 M parameters), random init."""
+    return VQVAE(vqvae_config("vqvae_digits", patch_nums))
+
+
+@register_model("vqvae_debug")
+def vqvae_debug(patch_nums: Sequence[int] | None = None) -> VQVAE:
+    """A tiny VQVAE for tests: 16 px images, 4x4 latent, 4 scales, random init."""
+    return VQVAE(vqvae_config("vqvae_debug", patch_nums))
 
 
 def _indices(state_dict: Mapping[str, Any], pattern: str) -> list[int]:

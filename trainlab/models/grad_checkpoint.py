@@ -1,4 +1,8 @@
-"""Activation checkpointing of one stage (a sub-module run as a unit) that keeps BatchNorm statistics exact.
+"""Activation checkpointing: the one switch every model offers, and a stage recompute that keeps BatchNorm exact.
+
+A model that can recompute activations in backward has timm's method `set_grad_checkpointing(enabled)` (VAR, the
+CIFAR ResNets / VGGs, the backbones, MoCo); the engine switches it through `set_grad_checkpointing(model, enabled)`
+below, which says whether the model supports it. Recipes never toggle it themselves.
 
 `torch.utils.checkpoint` reruns the stage's forward in backward. A training-mode BatchNorm would then update its
 running mean/var and `num_batches_tracked` a second time. `checkpoint_stage` recomputes with momentum 0.0 (running
@@ -10,11 +14,39 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+
+@runtime_checkable
+class GradCheckpointing(Protocol):
+    """A model that can recompute its activations in backward (timm's method)."""
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None: ...
+
+
+def supports_grad_checkpointing(model: nn.Module) -> bool:
+    """Whether `model` has a `set_grad_checkpointing` method."""
+    return isinstance(model, GradCheckpointing)
+
+
+def set_grad_checkpointing(model: nn.Module, enabled: bool) -> bool:
+    """Switch activation checkpointing of `model` on or off.
+
+    Args:
+        model: any module; one without `set_grad_checkpointing` is left as it is.
+        enabled: recompute activations in backward (True) or keep them (False).
+
+    Returns:
+        Whether `model` supports it (and was switched).
+    """
+    if not isinstance(model, GradCheckpointing):
+        return False
+    model.set_grad_checkpointing(enabled)
+    return True
 
 
 @contextmanager

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from trainlab.errors import UsageError
-from trainlab.models.moco.builder import MoCo, MocoArch
-from trainlab.models.moco.resnet import _DEBUG_WIDTHS
-from trainlab.models.moco.vit import VIT_SIZES
+from trainlab.models.backbones.resnet import _DEBUG_WIDTHS
+from trainlab.models.backbones.vit import VIT_SIZES
+from trainlab.models.moco.model import OFFICIAL_ARCH, MoCo
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
 from trainlab.user_files import check_state_dict, load_user_file
 
 _PREFIX = "module."
@@ -47,7 +48,8 @@ def _count_blocks(state: dict[str, torch.Tensor], pattern: str) -> int:
 
 
 def infer_arch(state: dict[str, torch.Tensor], where: str = "checkpoint") -> dict[str, Any]:
-    """The `MoCo` constructor arguments (except temperature) that produce `state`'s keys and shapes.
+    """The `MoCo` constructor arguments (except temperature) that produce `state`'s keys and shapes (`backbone`: a
+    registry name).
 
     Raises:
         UsageError: the keys are not those of a MoCo v3 model of a known architecture (names what was found).
@@ -87,7 +89,7 @@ def infer_arch(state: dict[str, torch.Tensor], where: str = "checkpoint") -> dic
         for arch, size in VIT_SIZES.items():
             if (size.embed_dim, size.depth, size.conv_stem, size.patch_size) == (embed_dim, depth, conv_stem, patch):
                 side = round(num_tokens**0.5)
-                return {"arch": arch, "dim": dim, "mlp_dim": mlp_dim, "image_size": side * patch}
+                return {"backbone": arch, "dim": dim, "mlp_dim": mlp_dim, "image_size": side * patch}
         raise UsageError(
             f"{where}: unknown ViT (embedding width {embed_dim}, {depth} blocks, patch {patch}, "
             f"conv stem {conv_stem}); known: {', '.join(VIT_SIZES)}"
@@ -99,18 +101,20 @@ def infer_arch(state: dict[str, torch.Tensor], where: str = "checkpoint") -> dic
     bottleneck = "base_encoder.layer1.0.conv3.weight" in state
     found = f"ResNet with {conv1.shape[-1]}x{conv1.shape[-1]} stem of width {conv1.shape[0]}, stages {stages}"
     found += ", bottleneck blocks" if bottleneck else ", basic blocks"
-    resnet_arch: MocoArch
+    resnet_arch: MocoBackbone
     if bottleneck and stages == [3, 4, 6, 3] and conv1.shape[-1] == 7:
-        resnet_arch = "resnet50"
+        resnet_arch = "tv_resnet50"
     elif not bottleneck and stages == [2, 2, 2, 2] and conv1.shape[-1] == 3 and conv1.shape[0] == 64:
-        resnet_arch = "resnet18_cifar"
+        resnet_arch = "tv_resnet18_cifar"
     elif not bottleneck and stages == [1, 1, 1, 1] and conv1.shape[-1] == 3 and conv1.shape[0] == _DEBUG_WIDTHS[0]:
-        resnet_arch = "resnet_debug"
+        resnet_arch = "tv_resnet_debug"
     else:
-        raise UsageError(f"{where}: unknown architecture ({found}); known: resnet50, resnet18_cifar, resnet_debug")
+        raise UsageError(
+            f"{where}: unknown architecture ({found}); known: tv_resnet50, tv_resnet18_cifar, tv_resnet_debug"
+        )
     if predictor_last_bn:
         raise UsageError(f"{where}: a {resnet_arch} with a last-BN predictor is not MoCo v3's ResNet layout")
-    return {"arch": resnet_arch, "dim": dim, "mlp_dim": mlp_dim}
+    return {"backbone": resnet_arch, "dim": dim, "mlp_dim": mlp_dim}
 
 
 def read_moco_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -132,7 +136,10 @@ def read_moco_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
             raise UsageError(f"{path} is a trainlab checkpoint of recipe {ckpt.get('recipe')!r}, not of 'moco'")
         state = models["moco"]
         config: dict[str, Any] = ckpt["config"] if isinstance(ckpt.get("config"), dict) else {}
-        extra = {"config": config, "epoch": ckpt.get("epoch"), "arch": config.get("arch")}
+        backbone = config.get("model", config.get("arch"))  # `arch` and its former values: runs before the registry
+        if isinstance(backbone, str):
+            backbone = FORMER_MOCO_BACKBONES.get(backbone, backbone)
+        extra = {"config": config, "epoch": ckpt.get("epoch"), "arch": backbone}
     elif "state_dict" in ckpt:
         if "best_acc1" in ckpt:
             raise UsageError(
@@ -164,10 +171,10 @@ def build_moco(
             linear patch projection.
     """
     kwargs = infer_arch(state, where=where)
-    if stop_grad_conv1 and not (kwargs["arch"].startswith("vit") and "base_encoder.patch_embed.proj.weight" in state):
+    if stop_grad_conv1 and not (kwargs["backbone"] in VIT_SIZES and "base_encoder.patch_embed.proj.weight" in state):
         raise UsageError(
-            f"stop_grad_conv1 freezes a ViT's linear patch projection, but {where} is a {kwargs['arch']} without one "
-            "(the official code applies --stop-grad-conv1 to those ViTs only); leave it False"
+            f"stop_grad_conv1 freezes a ViT's linear patch projection, but {where} is a {kwargs['backbone']} without "
+            "one (the official code applies --stop-grad-conv1 to those ViTs only); leave it False"
         )
     with torch.device("meta"):  # the expected keys and shapes, before anything is allocated
         expected = MoCo(temperature=temperature, stop_grad_conv1=stop_grad_conv1, **kwargs).state_dict()
@@ -205,9 +212,8 @@ def export_official(model: MoCo) -> dict[str, torch.Tensor]:
 
 def official_checkpoint(model: MoCo, *, epoch: int) -> dict[str, Any]:
     """What main_moco.py saves (without optimizer / scaler state): `epoch`, `arch`, `state_dict` with `module.`."""
-    arch = {"resnet18_cifar": "resnet18", "resnet_debug": "resnet18"}.get(model.arch, model.arch)
     return {
         "epoch": epoch,
-        "arch": arch,
+        "arch": OFFICIAL_ARCH[model.backbone],
         "state_dict": {_PREFIX + k: v for k, v in export_official(model).items()},
     }

@@ -1,5 +1,8 @@
 """MoCo v3's Vision Transformer: timm's `VisionTransformer` with the official changes (moco-v3 vits.py).
 
+Registered as `moco_vit_small`, `moco_vit_base`, `moco_vit_conv_small`, `moco_vit_conv_base` and `moco_vit_debug`
+(the `moco_` prefix: these are MoCo v3's variants, e.g. its ViT-Small has 12 heads where DeiT's has 6).
+
 Deviations from timm's defaults, all from the official file:
 - fixed 2-D sin-cos position embedding (a parameter with `requires_grad=False`; the cls slot is zero);
 - Xavier-uniform init of every Linear, with Q, K and V treated as three matrices; cls token N(0, 1e-6);
@@ -23,6 +26,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from trainlab.errors import UsageError
+from trainlab.models.registry import register_model
 
 
 @dataclass(frozen=True)
@@ -37,12 +41,13 @@ class ViTSize:
 
 
 VIT_SIZES: dict[str, ViTSize] = {
-    "vit_small": ViTSize(embed_dim=384, depth=12, num_heads=12),
-    "vit_base": ViTSize(embed_dim=768, depth=12, num_heads=12),
-    "vit_conv_small": ViTSize(embed_dim=384, depth=11, num_heads=12, conv_stem=True),
-    "vit_conv_base": ViTSize(embed_dim=768, depth=11, num_heads=12, conv_stem=True),
-    "vit_debug": ViTSize(embed_dim=32, depth=2, num_heads=2, patch_size=4),
+    "moco_vit_small": ViTSize(embed_dim=384, depth=12, num_heads=12),
+    "moco_vit_base": ViTSize(embed_dim=768, depth=12, num_heads=12),
+    "moco_vit_conv_small": ViTSize(embed_dim=384, depth=11, num_heads=12, conv_stem=True),
+    "moco_vit_conv_base": ViTSize(embed_dim=768, depth=11, num_heads=12, conv_stem=True),
+    "moco_vit_debug": ViTSize(embed_dim=32, depth=2, num_heads=2, patch_size=4),
 }
+"""The registered MoCo v3 ViTs (registry name -> size)."""
 
 
 def sincos_position_embedding(grid_h: int, grid_w: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -127,30 +132,32 @@ class VisionTransformerMoCo(VisionTransformer):
                 proj.bias.requires_grad = False
 
 
-def check_vit_image_size(arch: str, image_size: int) -> None:
-    """Refuse an image side a ViT `arch` cannot cut into its patches (another architecture: nothing to check).
+def check_vit_image_size(model: str, image_size: int) -> None:
+    """Refuse an image side the ViT `model` cannot cut into its patches (another backbone: nothing to check).
 
     Raises:
         UsageError: one line naming --image-size and the sides that work.
     """
-    size = VIT_SIZES.get(arch)
+    size = VIT_SIZES.get(model)
     if size is not None and (image_size % size.patch_size or image_size < size.patch_size):
         raise UsageError(
-            f"--arch {arch} cuts images into {size.patch_size}-px patches: --image-size must be a multiple of "
+            f"--model {model} cuts images into {size.patch_size}-px patches: --image-size must be a multiple of "
             f"{size.patch_size}, got {image_size}"
         )
 
 
-def make_vit(arch: str, *, num_classes: int, image_size: int, stop_grad_conv1: bool) -> VisionTransformerMoCo:
-    """Build MoCo v3's ViT `arch` (a key of `VIT_SIZES`) for square `image_size` inputs.
+def make_vit(
+    name: str, *, num_classes: int = 1000, image_size: int = 224, stop_grad_conv1: bool = False
+) -> VisionTransformerMoCo:
+    """Build MoCo v3's ViT `name` (a key of `VIT_SIZES`) for square `image_size` inputs.
 
     Raises:
         UsageError: `image_size` does not divide by the patch size.
     """
-    size = VIT_SIZES[arch]
+    size = VIT_SIZES[name]
     if image_size % size.patch_size or image_size < size.patch_size:
         raise UsageError(
-            f"{arch}: image size {image_size} does not divide by the patch size {size.patch_size}; "
+            f"{name}: image size {image_size} does not divide by the patch size {size.patch_size}; "
             f"use a multiple of {size.patch_size} (--image-size)"
         )
     return VisionTransformerMoCo(
@@ -168,7 +175,14 @@ def make_vit(arch: str, *, num_classes: int, image_size: int, stop_grad_conv1: b
     )
 
 
-def vit_features(encoder: VisionTransformer, x_BCHW: torch.Tensor) -> torch.Tensor:
-    """The backbone features (B, D): the normalised cls token, before the projector (`head`)."""
-    feats: torch.Tensor = encoder.forward_head(encoder.forward_features(x_BCHW), pre_logits=True)
-    return feats
+def _register(name: str) -> None:
+    def build(num_classes: int = 1000, image_size: int = 224, stop_grad_conv1: bool = False) -> VisionTransformerMoCo:
+        return make_vit(name, num_classes=num_classes, image_size=image_size, stop_grad_conv1=stop_grad_conv1)
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = f"MoCo v3's {name.removeprefix('moco_')} ({VIT_SIZES[name]})."
+    register_model(name)(build)
+
+
+for _name in VIT_SIZES:
+    _register(_name)

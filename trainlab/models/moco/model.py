@@ -2,7 +2,9 @@
 
 A base encoder (backbone + projector) with a predictor, and a momentum encoder (same constructor, parameters copied
 from the base, no gradients). The loss is the symmetric InfoNCE of the official `forward(x1, x2, m)`:
-ctr(q1, k2) + ctr(q2, k1), each cross-entropy x 2T over L2-normalised queries and keys.
+ctr(q1, k2) + ctr(q2, k1), each cross-entropy x 2T over L2-normalised queries and keys (`losses/infonce.py`).
+Backbones come from the model registry (`models/backbones/`): torchvision's ResNets (`tv_resnet50`, ...) or MoCo
+v3's ViTs (`moco_vit_small`, ...).
 
 Differences from the official module, none of which changes a number:
 - `forward(x1, x2, momentum=None)` skips the momentum update (the engine runs it once per optimizer step, in the
@@ -12,42 +14,38 @@ Differences from the official module, none of which changes a number:
 - `forward(x1, x2, keys=...)` scores the queries against keys computed before (the keys of the whole optimizer
   batch under accumulation, `batch_keys.py`) and does not run the momentum encoder.
 
-Shape legend: B batch (per process), M keys (all processes), D projection width, C channels, H/W pixels.
+Shape legend: B batch (per process), D projection width, C channels, H/W pixels, F backbone feature width.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from trainlab.dtypes import at_least_float32
-from trainlab.models.moco.resnet import RESNET_ARCHS, make_resnet, resnet_features, resnet_forward_checkpointed
-from trainlab.models.moco.vit import VIT_SIZES, make_vit, vit_features
+from trainlab.losses.infonce import GatherKeys, infonce_loss, local_keys
+from trainlab.models.backbones.vit import VIT_SIZES
+from trainlab.models.grad_checkpoint import set_grad_checkpointing
+from trainlab.models.names import MocoBackbone
+from trainlab.models.registry import create_model
 
-MocoArch = Literal[
-    "resnet50",
-    "resnet18_cifar",
-    "resnet_debug",
-    "vit_small",
-    "vit_base",
-    "vit_conv_small",
-    "vit_conv_base",
-    "vit_debug",
-]
-MOCO_ARCHS: tuple[str, ...] = get_args(MocoArch)
-assert set(MOCO_ARCHS) == set(RESNET_ARCHS) | set(VIT_SIZES)
-
-GatherKeys = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
-"""keys (B, D) of this process -> (keys of every process (M, D), index of this process's first key in them)."""
+OFFICIAL_ARCH: dict[str, str] = {
+    "tv_resnet50": "resnet50",
+    "tv_resnet18_cifar": "resnet18",
+    "tv_resnet_debug": "resnet18",
+    "moco_vit_small": "vit_small",
+    "moco_vit_base": "vit_base",
+    "moco_vit_conv_small": "vit_conv_small",
+    "moco_vit_conv_base": "vit_conv_base",
+    "moco_vit_debug": "vit_small",
+}
+"""The `arch` main_moco.py records for each backbone (its torchvision / vits.py constructor name)."""
 
 
-def local_keys(k_BD: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The single-process `GatherKeys`: the keys themselves, offset 0."""
-    return k_BD, 0
+def is_vit(backbone: str) -> bool:
+    """Whether `backbone` is one of MoCo v3's ViTs (else a torchvision ResNet)."""
+    return backbone in VIT_SIZES
 
 
 def build_mlp(num_layers: int, input_dim: int, mlp_dim: int, output_dim: int, last_bn: bool = True) -> nn.Sequential:
@@ -65,21 +63,6 @@ def build_mlp(num_layers: int, input_dim: int, mlp_dim: int, output_dim: int, la
     return nn.Sequential(*layers)
 
 
-def contrastive_loss(
-    q_BD: torch.Tensor, k_BD: torch.Tensor, temperature: float, gather_keys: GatherKeys = local_keys
-) -> torch.Tensor:
-    """InfoNCE of queries against all keys (the positive of query i is key i of this process), x 2T.
-
-    Computed in fp32 (a no-op for fp32 inputs, so it equals the official formula there).
-    """
-    q_BD = F.normalize(at_least_float32(q_BD), dim=1)
-    k_BD = F.normalize(at_least_float32(k_BD), dim=1)
-    k_MD, offset = gather_keys(k_BD)
-    logits_BM = torch.einsum("nc,mc->nm", q_BD, k_MD) / temperature
-    labels_B = torch.arange(q_BD.shape[0], dtype=torch.long, device=q_BD.device) + offset
-    return F.cross_entropy(logits_BM, labels_B) * (2 * temperature)
-
-
 def momentum_update_(base: nn.Module, momentum_encoder: nn.Module, momentum: float) -> None:
     """theta_k <- m * theta_k + (1 - m) * theta_q on every parameter (frozen ones included), never on buffers.
 
@@ -90,11 +73,18 @@ def momentum_update_(base: nn.Module, momentum_encoder: nn.Module, momentum: flo
             param_m.copy_(param_m * momentum + param_b.detach() * (1.0 - momentum))
 
 
+def _encoder(backbone: str, *, mlp_dim: int, image_size: int, stop_grad_conv1: bool) -> nn.Module:
+    """The backbone with its classifier `mlp_dim` wide (replaced by the projector), as main_moco.py builds it."""
+    if is_vit(backbone):
+        return create_model(backbone, num_classes=mlp_dim, image_size=image_size, stop_grad_conv1=stop_grad_conv1)
+    return create_model(backbone, num_classes=mlp_dim, zero_init_residual=True)
+
+
 class MoCo(nn.Module):
     """MoCo v3: `base_encoder` (backbone + projector as its classifier), `momentum_encoder`, `predictor`.
 
     Args:
-        arch: backbone, one of `MOCO_ARCHS`.
+        backbone: a registry name, one of `MOCO_BACKBONES`.
         dim: output width of projector and predictor (official `--moco-dim`, 256).
         mlp_dim: hidden width of the MLPs (official `--moco-mlp-dim`, 4096).
         temperature: softmax temperature T (official `--moco-t`: 1.0 for ResNet, 0.2 for ViT).
@@ -104,7 +94,7 @@ class MoCo(nn.Module):
 
     def __init__(
         self,
-        arch: MocoArch,
+        backbone: MocoBackbone,
         *,
         dim: int = 256,
         mlp_dim: int = 4096,
@@ -113,24 +103,20 @@ class MoCo(nn.Module):
         stop_grad_conv1: bool = False,
     ) -> None:
         super().__init__()
-        self.arch = arch
+        self.backbone = backbone
         self.temperature = temperature
         self.gather_keys: GatherKeys = local_keys
-        self.is_vit = arch.startswith("vit")
-        base: Any
-        momentum_encoder: Any
+        self.is_vit = is_vit(backbone)
+        base: Any = _encoder(backbone, mlp_dim=mlp_dim, image_size=image_size, stop_grad_conv1=stop_grad_conv1)
+        momentum_encoder: Any = _encoder(
+            backbone, mlp_dim=mlp_dim, image_size=image_size, stop_grad_conv1=stop_grad_conv1
+        )
         if self.is_vit:
-            base = make_vit(arch, num_classes=mlp_dim, image_size=image_size, stop_grad_conv1=stop_grad_conv1)
-            momentum_encoder = make_vit(
-                arch, num_classes=mlp_dim, image_size=image_size, stop_grad_conv1=stop_grad_conv1
-            )
             hidden_dim = int(base.head.weight.shape[1])
             base.head = build_mlp(3, hidden_dim, mlp_dim, dim)
             momentum_encoder.head = build_mlp(3, hidden_dim, mlp_dim, dim)
             predictor = build_mlp(2, dim, mlp_dim, dim)
         else:
-            base = make_resnet(arch, num_classes=mlp_dim)
-            momentum_encoder = make_resnet(arch, num_classes=mlp_dim)
             hidden_dim = int(base.fc.weight.shape[1])
             base.fc = build_mlp(2, hidden_dim, mlp_dim, dim)
             momentum_encoder.fc = build_mlp(2, hidden_dim, mlp_dim, dim)
@@ -138,47 +124,32 @@ class MoCo(nn.Module):
         self.base_encoder: nn.Module = base
         self.momentum_encoder: nn.Module = momentum_encoder
         self.predictor = predictor  # registered after the encoders: the official state_dict order
-        self.activation_checkpointing = False  # see `set_activation_checkpointing`
         for param_b, param_m in zip(self.base_encoder.parameters(), self.momentum_encoder.parameters(), strict=True):
             param_m.data.copy_(param_b.data)
             param_m.requires_grad = False
 
-    def set_activation_checkpointing(self, enabled: bool) -> None:
-        """Recompute in backward: each ViT block (timm's `set_grad_checkpointing` on both encoders; the momentum
-        encoder runs without gradients, where it saves nothing) or each ResNet stage of the base encoder (in
-        training with gradients only; BatchNorm statistics are updated once, as without)."""
-        from timm.models.vision_transformer import VisionTransformer
-
-        self.activation_checkpointing = enabled
-        if self.is_vit:
-            for encoder in (self.base_encoder, self.momentum_encoder):
-                assert isinstance(encoder, VisionTransformer), type(encoder)
-                encoder.set_grad_checkpointing(enabled)
-
-    def encode(self, encoder: nn.Module, x_BCHW: torch.Tensor) -> torch.Tensor:
-        """`encoder(x_BCHW)`, with the ResNet stages checkpointed when that is on and gradients are recorded."""
-        from torchvision.models.resnet import ResNet
-
-        if not self.is_vit and self.activation_checkpointing and self.training and torch.is_grad_enabled():
-            assert isinstance(encoder, ResNet), type(encoder)
-            return resnet_forward_checkpointed(encoder, x_BCHW)
-        out: torch.Tensor = encoder(x_BCHW)
-        return out
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute in backward: each ViT block or each ResNet stage, in both encoders (the momentum encoder runs
+        without gradients, where it saves nothing; BatchNorm statistics are updated once, as without)."""
+        for encoder in (self.base_encoder, self.momentum_encoder):
+            supported = set_grad_checkpointing(encoder, enabled)
+            assert supported, f"{type(encoder).__name__} has no set_grad_checkpointing"
 
     def update_momentum_encoder(self, momentum: float) -> None:
         """theta_k <- m * theta_k + (1 - m) * theta_q (parameters only)."""
         momentum_update_(self.base_encoder, self.momentum_encoder, momentum)
 
     def contrastive_loss(self, q_BD: torch.Tensor, k_BD: torch.Tensor) -> torch.Tensor:
-        return contrastive_loss(q_BD, k_BD, self.temperature, self.gather_keys)
+        """InfoNCE x 2T of queries against the keys of every process (`losses/infonce.py`)."""
+        return infonce_loss(q_BD, k_BD, self.temperature, self.gather_keys)
 
     def forward(
         self, x1_BCHW: torch.Tensor, x2_BCHW: torch.Tensor, momentum: float | None = None, keys: Any = None
     ) -> torch.Tensor:
         """The symmetric loss of two views. With `momentum`, the momentum update runs between queries and keys
         (the official order); with None it is left to the caller (once per optimizer step)."""
-        q1_BD = self.predictor(self.encode(self.base_encoder, x1_BCHW))
-        q2_BD = self.predictor(self.encode(self.base_encoder, x2_BCHW))
+        q1_BD = self.predictor(self.base_encoder(x1_BCHW))
+        q2_BD = self.predictor(self.base_encoder(x2_BCHW))
         with torch.no_grad():
             if momentum is not None:
                 self.update_momentum_encoder(momentum)
@@ -191,23 +162,12 @@ class MoCo(nn.Module):
         return self.contrastive_loss(q1_BD, k2_BD) + self.contrastive_loss(q2_BD, k1_BD)
 
     def features(self, x_BCHW: torch.Tensor) -> torch.Tensor:
-        """Backbone features of the base encoder (before the projector): what kNN and linear probes read."""
+        """Backbone features (B, F) of the base encoder (before the projector): what kNN and linear probes read."""
         return backbone_features(self.base_encoder, x_BCHW)
 
 
 def backbone_features(encoder: nn.Module, x_BCHW: torch.Tensor) -> torch.Tensor:
-    """Features (B, F) of a MoCo ResNet or ViT backbone, without its projector / classifier."""
-    from timm.models.vision_transformer import VisionTransformer
-    from torchvision.models.resnet import ResNet
-
-    if isinstance(encoder, VisionTransformer):
-        return vit_features(encoder, x_BCHW)
-    assert isinstance(encoder, ResNet), type(encoder)
-    return resnet_features(encoder, x_BCHW)
-
-
-def cosine_momentum(step: int, total_steps: int, base_momentum: float) -> float:
-    """The official `adjust_moco_momentum`: 1 - (1 + cos(pi * step / total)) / 2 * (1 - m0), from m0 to 1."""
-    import math
-
-    return 1.0 - 0.5 * (1.0 + math.cos(math.pi * step / max(total_steps, 1))) * (1.0 - base_momentum)
+    """Pooled features (B, F) of a backbone with timm's interface, without its projector / classifier (a ResNet's
+    pooled last stage, a ViT's normalised cls token)."""
+    feats: torch.Tensor = encoder.forward_head(encoder.forward_features(x_BCHW), pre_logits=True)  # type: ignore[operator]
+    return feats
