@@ -7,7 +7,7 @@ B/k - 1 negatives instead of B - 1. Here an optimizer step runs in two passes ov
     1. keys: the momentum encoder (no gradient) on both views of every micro-batch, L2-normalised in fp32 as the
        loss normalises them, gathered over processes once: k1_MD, k2_MD with M = processes x k x B/k;
     2. queries: each micro-batch's queries with gradient against all M keys, the labels offset to the micro-batch's
-       own keys (`MicroBatchKeys.loss`: the same `contrastive_loss`, its gather returning the stored keys).
+       own keys (`MicroBatchKeys.loss`: the same `infonce_loss`, its gather returning the stored keys).
 
 Each sample's keys are computed once, as in a single pass. The logits are then the large batch's, up to BatchNorm:
 its statistics are those of each micro-batch here (of each process's batch without SyncBatchNorm), of the whole
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainlab.dtypes import at_least_float32
-from trainlab.models.moco.builder import GatherKeys, contrastive_loss, local_keys
+from trainlab.losses.infonce import GatherKeys, infonce_loss, local_keys
 
 MocoKeys = Literal["full-batch", "micro-batch"]
 """`--moco-keys`: what each query is scored against when the optimizer batch is split (micro-batches, processes)."""
@@ -54,8 +54,8 @@ class MicroBatchKeys:
         """ctr(q1, k2) + ctr(q2, k1) against all M keys: `MoCo.forward`'s loss with the optimizer batch's keys."""
         b = q1_bD.shape[0]
         own = slice(self.offset, self.offset + b)
-        return contrastive_loss(q1_bD, self.k2_MD[own], temperature, lambda _: (self.k2_MD, self.offset)) + (
-            contrastive_loss(q2_bD, self.k1_MD[own], temperature, lambda _: (self.k1_MD, self.offset))
+        return infonce_loss(q1_bD, self.k2_MD[own], temperature, lambda _: (self.k2_MD, self.offset)) + (
+            infonce_loss(q2_bD, self.k1_MD[own], temperature, lambda _: (self.k1_MD, self.offset))
         )
 
 
@@ -81,7 +81,7 @@ class OptimizerBatchKeys:
 
 
 def normalised_keys(momentum_encoder: nn.Module, x_BCHW: torch.Tensor) -> torch.Tensor:
-    """Keys (B, D) of one view, normalised as `contrastive_loss` normalises them (fp32 or wider)."""
+    """Keys (B, D) of one view, normalised as `infonce_loss` normalises them (fp32 or wider)."""
     return F.normalize(at_least_float32(momentum_encoder(x_BCHW)), dim=1)
 
 
