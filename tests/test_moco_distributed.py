@@ -1,4 +1,5 @@
-"""MoCo v3 keys gathered across 2 real gloo processes (torchrun): 2 x B/2 gives the loss and the gradients of 1 x B.
+"""MoCo v3 keys gathered across 2 real gloo processes (torchrun): 2 x B/2 gives the loss and the gradients of 1 x B,
+and so does 2 processes x 2 accumulated micro-batches of B/4 with the keys of the whole optimizer batch (last test).
 
 What is compared, and why it is well defined: the real `MoCo` module (tv_resnet_debug and moco_vit_debug, projector and
 predictor included) with every BatchNorm in eval mode, so each sample's features depend on that sample only (fixed
@@ -123,3 +124,81 @@ def test_eval_mode_loss_does_not_depend_on_the_batch_split(arch: str) -> None:
         whole = model.predictor(model.base_encoder(x))
         halves = [model.predictor(model.base_encoder(h)) for h in x.chunk(2)]
         assert not torch.allclose(torch.cat(halves), whole, atol=1e-3)
+
+
+WORKER_ACCUMULATION = """
+import contextlib
+import sys
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from trainlab import dist
+from trainlab.models.moco import MoCo
+from trainlab.models.moco.batch_keys import local_keys, optimizer_batch_keys
+
+out_dir = sys.argv[1]
+dist.init("cpu")
+rank, half, micro = dist.rank(), {batch} // 2, {batch} // 4
+torch.manual_seed(0)
+model = MoCo({arch!r}, dim=16, mlp_dim=32, temperature=0.2, image_size={image}).eval()
+x1, x2 = torch.randn(2, {batch}, 3, {image}, {image}).unbind(0)
+x1, x2 = x1[rank * half : (rank + 1) * half], x2[rank * half : (rank + 1) * half]
+micro_batches = [(x1[i * micro : (i + 1) * micro], x2[i * micro : (i + 1) * micro]) for i in range(2)]
+ddp = DistributedDataParallel(model)
+out = {{}}
+for keys_kind, gather in (("micro-batch", local_keys), ("full-batch", dist.gather_keys)):
+    keys = optimizer_batch_keys(model.momentum_encoder, micro_batches, gather)
+    step_loss = torch.zeros(())
+    for i, (a, b) in enumerate(micro_batches):
+        if keys_kind == "micro-batch":  # each micro-batch against its own keys only
+            keys = optimizer_batch_keys(model.momentum_encoder, [(a, b)], local_keys)
+        with ddp.no_sync() if i == 0 else contextlib.nullcontext():  # as the engine's micro-steps
+            loss = ddp(a, b, keys=keys.of_micro_batch(0 if keys_kind == "micro-batch" else i))
+            (loss / 2).backward()
+        step_loss += loss.detach() / 2
+    torch.distributed.all_reduce(step_loss)
+    out[keys_kind] = {{"loss": step_loss / 2, "grads": {{n: p.grad.clone() for n, p in model.named_parameters()
+                                                      if p.requires_grad}}}}
+    model.zero_grad(set_to_none=True)
+torch.save(out, f"{{out_dir}}/accumulation_rank{{rank}}.pt")
+del ddp, model
+dist.cleanup(synchronize=True)
+"""
+
+
+def test_two_processes_times_accumulation_two_with_full_batch_keys_equal_one_batch(
+    tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    """2 processes x 2 micro-batches of B/4 (eval-mode BatchNorm), keys of the whole optimizer batch gathered once
+    (`--moco-keys full-batch`): the loss and the DDP-averaged gradients of one batch B. With micro-batch keys (each
+    micro-batch against its own B/4 keys, no gather) the loss differs: the control."""
+    batch = 16
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_ACCUMULATION.format(batch=batch, image=IMAGE, arch=ARCHS[0]))
+    launched = subprocess.run(
+        [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    torch.manual_seed(0)
+    model = MoCo(ARCHS[0], dim=16, mlp_dim=32, temperature=0.2, image_size=IMAGE).eval()  # type: ignore[arg-type]
+    x1, x2 = torch.randn(2, batch, 3, IMAGE, IMAGE).unbind(0)
+    loss = model(x1, x2)
+    loss.backward()
+    loss_1 = loss.detach()
+    grads_1 = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    ranks = [torch.load(tmp_path / f"accumulation_rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for rank in ranks:
+        full = rank["full-batch"]
+        assert abs(float(full["loss"]) - float(loss_1)) <= 1e-6 * abs(float(loss_1))
+        assert abs(float(rank["micro-batch"]["loss"]) - float(loss_1)) > 1e-2  # 3 negatives per query, not 15
+        nonzero = 0
+        for name, grad in grads_1.items():
+            if grad is None or grad.norm() == 0:  # behind a zero-initialised residual BatchNorm weight
+                continue
+            nonzero += 1
+            rel = (full["grads"][name] - grad).norm() / grad.norm()
+            assert rel <= 1e-6, (name, float(rel))
+        assert nonzero > len(grads_1) // 2

@@ -32,9 +32,16 @@ def _config(run_dir: Path, **kw: object) -> MocoConfig:
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_engine_equals_official_loop(tmp_path: Path, accumulation: int) -> None:
     """The official loop (forward(x1, x2, m): queries, momentum update, keys; LARS step) on the engine's batches
-    gives the engine's per-step losses and final weights exactly. With accumulation the reference runs the update
-    once per optimizer step, in the first micro-batch, and averages the micro-batch losses."""
-    cfg = _config(tmp_path / "a", epochs=1, grad_accumulation=accumulation, schedule=ScheduleConfig(kind="constant"))
+    gives the engine's per-step losses and final weights exactly. With accumulation and micro-batch keys the reference
+    runs the update once per optimizer step, in the first micro-batch, and averages the micro-batch losses (full-batch
+    keys: tests/test_moco_batch_keys.py)."""
+    cfg = _config(
+        tmp_path / "a",
+        epochs=1,
+        grad_accumulation=accumulation,
+        moco_keys="micro-batch",
+        schedule=ScheduleConfig(kind="constant"),
+    )
     probe = Trainer(MocoRecipe(cfg))
     model = copy.deepcopy(probe.parts.models["moco"])
     assert isinstance(model, MoCo)

@@ -209,6 +209,7 @@ def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
         "overhead_bytes": result.overheads.total,
         "total_bytes": result.total_bytes,
         "hand_estimate_bytes": [hand.low_bytes, hand.high_bytes],
+        "notes": result.notes,
     }
     if result.gpu is not None:
         out.update(
@@ -300,6 +301,7 @@ def render(result: Plan, hand: HandEstimate) -> str:
                 predicted = "" if lever.total_bytes is None else f" -> {_gib(lever.total_bytes)}"
                 ok = "" if lever.fits is None else (" fits" if lever.fits else " does not fit")
                 lines.append(f"  {lever.name}: {lever.description}{predicted}{ok}")
+    lines += result.notes
     lines.append("")
     lines.append(
         f"the seed's hand formula for this run: {_gib(hand.low_bytes)} - {_gib(hand.high_bytes)} "

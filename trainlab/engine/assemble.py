@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainlab.engine.batchnorm_momentum import decay_per_optimizer_step_, describe_per_micro_batch
 from trainlab.engine.compile import compile_for_training
 from trainlab.engine.ema import averaged_copy
 from trainlab.engine.health import HealthMonitor
@@ -156,6 +157,7 @@ def assemble(
         apply_activation_checkpointing(recipe, parts)  # the trained models only: averaged copies run no backward
         for name, model in parts.models.items():
             parts.models[name] = place(model, precision)
+        _set_batchnorm_decay(parts, cfg.grad_accumulation, cfg.batchnorm_decay)
         for name, model in parts.frozen.items():
             parts.frozen[name] = place(model, None).eval().requires_grad_(False)
         for name, model in averaged.items():
@@ -192,6 +194,16 @@ def assemble(
         health=health,
     )
     return Assembly(parts, averaged, length, scalers, schedulers, wrapped, runner, compiled, health)
+
+
+def _set_batchnorm_decay(parts: TrainParts, accumulation: Any, decay: str) -> None:
+    """BatchNorm momentum under accumulation (`engine/batchnorm_momentum.py`), logged either way."""
+    if not isinstance(accumulation, int) or accumulation <= 1:
+        return
+    if decay == "per-optimizer-step":
+        log.info(decay_per_optimizer_step_(parts.models.values(), accumulation))
+    elif (line := describe_per_micro_batch(parts.models.values(), accumulation)) is not None:
+        log.info(line)
 
 
 def _wrap_ddp(parts: TrainParts, device: torch.device, world: int, find_unused: bool) -> dict[str, nn.Module]:

@@ -7,6 +7,9 @@ else: devices, precision, accumulation, DDP, clipping, schedules, checkpoints, l
                                 averaged copies to keep (`WeightAverage`); touches no data, so a planner can build the
                                 models and trace a step on fake tensors
     build_data(parts, device) -> the training `Dataset` of `Batch`es (may use the frozen models, e.g. a token cache)
+    per optimizer step, per active phase:
+        first_pass(models, micro_batches, phase, info) where `has_first_pass(phase, info)`: sees every micro-batch
+                                of the step before the first train_step (MoCo's keys of the whole optimizer batch)
     per optimizer step, per active phase, per micro-batch:
         train_step(models, batch, phase, info) -> {"loss": scalar tensor, **metrics}
     after each phase's optimizer.step():
@@ -40,7 +43,7 @@ import dataclasses
 import functools
 import types
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -111,6 +114,12 @@ class TrainConfig:
     max_steps: int = option(-1, "stop after this many optimizer steps (-1: run all epochs)", ge=1, sentinels=(-1,))
     batch_size: int = option(128, "global batch per optimizer step (all processes x accumulation steps)", gt=0)
     grad_accumulation: int = option(1, "micro-steps per optimizer step (same gradients as the large batch)", ge=1)
+    batchnorm_decay: Literal["per-micro-batch", "per-optimizer-step"] = option(
+        "per-micro-batch",
+        "under --grad-accumulation k: BatchNorm running statistics decay by momentum m at each micro-batch "
+        "(per-micro-batch) or by m once per optimizer step as the large batch's (per-optimizer-step: m becomes "
+        "1 - (1 - m)^(1/k))",
+    )
     clip_grad_norm: float = option(0.0, "clip the total gradient norm to this value after unscaling (0: no clip)", ge=0)
     optim: OptimConfig = option(OptimConfig(learning_rate=0.1), "optimizer (each recipe sets its own defaults)")
     schedule: ScheduleConfig = option(ScheduleConfig(), "learning-rate schedule")
@@ -339,6 +348,17 @@ class Recipe(ABC, Generic[ConfigT]):
         """Called once per optimizer step of `phase`, right after `optimizer.step()` (momentum encoders, EMA
         codebooks, code restarts). Runs on every rank; returns extra metrics of the step. Default: nothing."""
         return {}
+
+    def has_first_pass(self, phase: str, info: StepInfo) -> bool:
+        """Whether `first_pass` runs before this optimizer step's micro-steps of `phase` (then the engine keeps the
+        micro-batches' host copies and hands them to the device twice). Default: no."""
+        return False
+
+    def first_pass(
+        self, models: Mapping[str, nn.Module], micro_batches: Iterable[Batch], phase: str, info: StepInfo
+    ) -> None:
+        """Sees every micro-batch of the optimizer step, in order, before the first `train_step` (under the precision
+        mode's autocast, no gradient recorded); whatever it computes, `train_step` uses. Default: nothing."""
 
     def phase_active(self, phase: str, step: int) -> bool:
         """Whether `phase` trains at optimizer step `step` (e.g. a discriminator that starts late)."""

@@ -5,7 +5,9 @@ phase's models (`engine.ema`) take their step.
 Per phase: the loss of each micro-batch is divided by the number of micro-batches (so accumulation is the large
 batch), micro-steps before the last run forward and backward inside DDP's `no_sync`, and the gradient norm is always
 a finite float or the step is reported as skipped. A second phase (a GAN's discriminator) replays the same
-micro-batches from host memory; a single phase never holds more than one micro-batch on the device.
+micro-batches from host memory; a single phase never holds more than one micro-batch on the device. A recipe's
+`first_pass` (MoCo's keys of the whole optimizer batch) reads the micro-batches once before the phase's micro-steps,
+which then replay them from host memory too.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ class StepRunner:
     def run(self, iterator: Iterator[Any], info: StepInfo) -> dict[str, float]:
         """One optimizer step per active phase over the same micro-batches. Returns float metrics."""
         active = [p for p in self.phases if self.recipe.phase_active(p.name, info.step)]
-        batches = MicroBatches(iterator, info.num_micro_steps, self.to_device, replay=len(active) > 1)
+        first_pass = any(self.recipe.has_first_pass(p.name, info) for p in active)
+        batches = MicroBatches(iterator, info.num_micro_steps, self.to_device, replay=len(active) > 1 or first_pass)
         multi = len(self.phases) > 1
         metrics: dict[str, float] = {}
         for phase in active:
@@ -139,6 +142,9 @@ class StepRunner:
         sums: dict[str, torch.Tensor] = {}
         freeze = only_requires_grad(params, self.all_params) if multi else contextlib.nullcontext()
         with freeze:
+            if self.recipe.has_first_pass(phase.name, info):
+                with torch.no_grad(), self.precision.autocast(self.device.type):
+                    self.recipe.first_pass(models, batches, phase.name, info)
             for i, batch in enumerate(batches):
                 micro_info = replace(info, micro_step=i)
                 with self._no_sync(phase, skip=i < num_micro - 1):

@@ -20,6 +20,7 @@ from trainlab.engine.sampler import micro_batch_size
 from trainlab.errors import UsageError
 from trainlab.memory.breakdown import Breakdown, breakdown
 from trainlab.memory.gpus import GpuProfile
+from trainlab.memory.moco_keys import accumulation_effect, moco_plan_notes
 from trainlab.memory.trace import PlanDevice, trace_training
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class Plan:
     suggested_grad_accumulation: int | None = None
     gpus_needed: int | None = None
     levers: list[Lever] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # recipe-specific lines (MoCo: keys under accumulation)
     traces: int = 1
     activation_checkpointing: bool = False
     # --compile runs are traced as the eager step (inductor's fused kernels usually keep fewer intermediates)
@@ -162,6 +164,8 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         activation_checkpointing=cfg.activation_checkpointing,
         compiled=cfg.compile,
     )
+    if recipe.name == "moco":
+        result.notes = moco_plan_notes(cfg, request.gpus, cfg.grad_accumulation, micro)
     if request.gpu is None:
         return result
     capacity = request.gpu.total_bytes
@@ -337,11 +341,10 @@ def _levers(
         k = result.suggested_grad_accumulation
         m = cfg.batch_size // request.gpus // k
         t = total(tracer(m, k))
-        levers.append(
-            Lever(
-                "smaller micro-batch", f"--grad-accumulation {k} (micro-batch {m}, same global batch)", t, t <= capacity
-            )
-        )
+        description = f"--grad-accumulation {k} (micro-batch {m}, same global batch)"
+        if recipe.name == "moco":
+            description += f"; {accumulation_effect(cfg, request.gpus, k)}"
+        levers.append(Lever("smaller micro-batch", description, t, t <= capacity))
     if result.gpus_needed and result.gpus_needed > request.gpus:
         n = result.gpus_needed
         t = total(tracer(cfg.batch_size // n, 1), n)

@@ -27,7 +27,7 @@ log_softmax, sum, exp, pow, ... in fp32). The SDPA backend's saved tensors are s
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -86,6 +86,15 @@ class _RegionRecipe(Recipe[Any]):
 
     def phase_active(self, phase: str, step: int) -> bool:
         return self.inner.phase_active(phase, step)
+
+    def has_first_pass(self, phase: str, info: StepInfo) -> bool:
+        return self.inner.has_first_pass(phase, info)
+
+    def first_pass(
+        self, models: Mapping[str, nn.Module], micro_batches: Iterable[Batch], phase: str, info: StepInfo
+    ) -> None:
+        self.tracer.region = "forward"  # what it keeps (MoCo's keys) lives through the step's forwards
+        self.inner.first_pass(models, micro_batches, phase, info)
 
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
         self.tracer.region = "forward"

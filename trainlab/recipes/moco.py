@@ -8,6 +8,12 @@ update the official forward of iteration s + 1 applies between its queries and i
 same at both moments), so the losses are the official ones. Iteration 0's update (a no-op up to rounding) runs at
 the start of step 0, and none runs after the last step, so the final weights are the official ones too.
 
+Keys under accumulation or several processes (`--moco-keys`): `full-batch` (the default) scores every query against
+the keys of the whole optimizer batch, every micro-batch of every process, as the official single large batch does
+(`models/moco/batch_keys.py`: keys first, without gradient, then each micro-batch's queries); `micro-batch` against
+its own micro-batch's keys only (on one process: a smaller-batch loss). Either way BatchNorm normalises each
+micro-batch by its own statistics (the official SyncBatchNorm: the whole global batch's).
+
 Learning rate: base x global batch / 256 (official), warm-up then cosine per iteration (the engine's schedule;
 set `schedule.warmup_fraction` = warm-up epochs / epochs). Evaluation: weighted kNN (cosine, k=200, T=0.1) of the
 base encoder's backbone features, held-out queries against the un-augmented training set (a bank and queries of at
@@ -19,7 +25,8 @@ Shape legend: B batch, C channels, H/W pixels, N images, F feature width.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+import trainlab.models.moco.batch_keys as moco_batch_keys
 from trainlab import dist
 from trainlab.config import option
 from trainlab.data.config import (
@@ -99,6 +107,11 @@ class MocoConfig(TrainConfig):
     )
     sync_batchnorm: bool = option(True, "SyncBatchNorm when distributed on CUDA (as the official code)")
     batch_size: int = option(512, "global batch per optimizer step (official 4096)", gt=0)
+    moco_keys: moco_batch_keys.MocoKeys = option(
+        "full-batch",
+        "keys each query is scored against when the batch is split over micro-batches or processes: full-batch (those "
+        "of the whole optimizer batch: the large batch's loss) or micro-batch (its own micro-batch's only)",
+    )
     epochs: int = option(100, "number of epochs", ge=1)
     schedule: ScheduleConfig = option(
         ScheduleConfig(kind="cosine", warmup_fraction=0.1), "per-iteration warm-up (fraction of steps) then cosine"
@@ -146,6 +159,26 @@ def knn_of_features(
     )
 
 
+log = logging.getLogger(__name__)
+
+
+def log_keys(c: MocoConfig, world: int, sync_batchnorm: bool) -> None:
+    """Log what a query is scored against and what BatchNorm normalises by, when the batch is split."""
+    split = world * c.grad_accumulation
+    if split == 1:
+        return
+    keys = c.batch_size if c.moco_keys == "full-batch" else c.batch_size // split
+    normalised = c.batch_size // c.grad_accumulation if sync_batchnorm else c.batch_size // split
+    log.info(
+        "--moco-keys %s: each query against %d keys (the optimizer batch: %d); BatchNorm statistics of %d images%s",
+        c.moco_keys,
+        keys,
+        c.batch_size,
+        normalised,
+        "" if normalised == c.batch_size else " (the logits are the large batch's up to BatchNorm)",
+    )
+
+
 def _unwrap(model: nn.Module) -> MoCo:
     inner = unwrap_model(model)
     assert isinstance(inner, MoCo), type(inner)
@@ -160,6 +193,9 @@ class MocoRecipe(Recipe[MocoConfig]):
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
         self._eval_images: EvalImages | None = None
+        self._step_keys: moco_batch_keys.OptimizerBatchKeys | None = (
+            None  # full-batch keys of the current optimizer step
+        )
 
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
@@ -175,6 +211,9 @@ class MocoRecipe(Recipe[MocoConfig]):
             model.gather_keys = dist.gather_keys
             if c.sync_batchnorm and device.type == "cuda":
                 model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if c.moco_keys == "micro-batch":  # each process's (micro-)batch against its own keys only: no gather
+            _unwrap(model).gather_keys = moco_batch_keys.local_keys
+        log_keys(c, dist.world_size(), dist.world_size() > 1 and c.sync_batchnorm and device.type == "cuda")
         model = model.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = c.optim.build(params, batch_size=c.batch_size, device=device)
@@ -201,7 +240,27 @@ class MocoRecipe(Recipe[MocoConfig]):
         c = self.config
         return cosine_momentum(step, total_steps, c.momentum) if c.momentum_cosine else c.momentum
 
+    def has_first_pass(self, phase: str, info: StepInfo) -> bool:
+        """Full-batch keys of a step split into micro-batches: the keys of every micro-batch come first."""
+        return self.config.moco_keys == "full-batch" and info.num_micro_steps > 1
+
+    def first_pass(
+        self, models: Mapping[str, nn.Module], micro_batches: Iterable[Batch], phase: str, info: StepInfo
+    ) -> None:
+        """The momentum update of step 0 (later steps': after the previous step), then the optimizer batch's keys."""
+        model = _unwrap(models["moco"])
+        if info.step == 0:  # iteration 0's update (the official forward runs it too)
+            model.update_momentum_encoder(self.momentum_at(0, info.total_steps))
+        views = ((batch["view1"], batch["view2"]) for batch in micro_batches)
+        self._step_keys = moco_batch_keys.optimizer_batch_keys(model.momentum_encoder, views, model.gather_keys)
+
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
+        if self.has_first_pass(phase, info):
+            assert self._step_keys is not None, "first_pass did not run"
+            keys = self._step_keys.of_micro_batch(info.micro_step)
+            if info.micro_step == info.num_micro_steps - 1:
+                self._step_keys = None  # the last micro-batch: the keys are not kept past the step
+            return {"loss": models["moco"](batch["view1"], batch["view2"], keys=keys)}
         if info.step == 0 and info.micro_step == 0:  # iteration 0's update (the official forward runs it too)
             _unwrap(models["moco"]).update_momentum_encoder(self.momentum_at(0, info.total_steps))
         loss = models["moco"](batch["view1"], batch["view2"])

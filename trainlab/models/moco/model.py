@@ -11,6 +11,8 @@ Differences from the official module, none of which changes a number:
   recipe's after-optimizer-step hook); `forward(x1, x2, m)` is the official order (queries, update, keys).
 - Keys are gathered by `gather_keys` (injected by the caller; the identity by default), so the module works with no
   process group and never imports torch.distributed.
+- `forward(x1, x2, keys=...)` scores the queries against keys computed before (the keys of the whole optimizer
+  batch under accumulation, `batch_keys.py`) and does not run the momentum encoder.
 
 Shape legend: B batch (per process), D projection width, C channels, H/W pixels, F backbone feature width.
 """
@@ -141,7 +143,9 @@ class MoCo(nn.Module):
         """InfoNCE x 2T of queries against the keys of every process (`losses/infonce.py`)."""
         return infonce_loss(q_BD, k_BD, self.temperature, self.gather_keys)
 
-    def forward(self, x1_BCHW: torch.Tensor, x2_BCHW: torch.Tensor, momentum: float | None = None) -> torch.Tensor:
+    def forward(
+        self, x1_BCHW: torch.Tensor, x2_BCHW: torch.Tensor, momentum: float | None = None, keys: Any = None
+    ) -> torch.Tensor:
         """The symmetric loss of two views. With `momentum`, the momentum update runs between queries and keys
         (the official order); with None it is left to the caller (once per optimizer step)."""
         q1_BD = self.predictor(self.base_encoder(x1_BCHW))
@@ -149,8 +153,12 @@ class MoCo(nn.Module):
         with torch.no_grad():
             if momentum is not None:
                 self.update_momentum_encoder(momentum)
-            k1_BD = self.momentum_encoder(x1_BCHW)
-            k2_BD = self.momentum_encoder(x2_BCHW)
+            if keys is None:
+                k1_BD = self.momentum_encoder(x1_BCHW)
+                k2_BD = self.momentum_encoder(x2_BCHW)
+        if keys is not None:  # a `batch_keys.MicroBatchKeys`: the optimizer batch's keys, computed before
+            loss: torch.Tensor = keys.loss(q1_BD, q2_BD, self.temperature)
+            return loss
         return self.contrastive_loss(q1_BD, k2_BD) + self.contrastive_loss(q2_BD, k1_BD)
 
     def features(self, x_BCHW: torch.Tensor) -> torch.Tensor:
