@@ -105,3 +105,26 @@ def test_weights_read_under_fake_tensors_are_checked_by_shape_only() -> None:
         check_state_dict({"weight": weight_OI}, {"weight": weight_OI}, source="weights w.pth")
         with pytest.raises(UsageError, match="has shape"):
             check_state_dict({"weight": torch.randn(4, 3)}, {"weight": weight_OI}, source="weights w.pth")
+
+
+def test_the_search_starts_at_the_smallest_micro_batch_the_model_trains_on() -> None:
+    """BatchNorm refuses a training batch of one: the search never traces m = 1 when told the model needs 2."""
+    calls: list[int] = []
+
+    def total_at(m: int) -> int:
+        calls.append(m)
+        if m < 2:
+            raise AssertionError("traced a micro-batch BatchNorm refuses")
+        return 100 * m
+
+    assert largest_fitting(total_at, 550, 16, lower=2) == 5
+    assert largest_fitting(total_at, 150, 16, lower=2) == 0  # even 2 does not fit
+    assert min(calls) == 2
+
+
+def test_a_batchnorm_model_on_a_tiny_gpu_is_planned_down_to_micro_batch_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["plan", "moco", "--config", "moco_v3_digits", "--device", "cuda", "--gpu", "0.1"]) == 0
+    captured = capsys.readouterr()
+    assert "does not fit even at micro-batch 2" in captured.err

@@ -143,7 +143,8 @@ def main(argv: list[str]) -> int:
         print(render(result, hand))
     if gpu is not None and result.max_micro_batch == 0:
         print(
-            "does not fit even at micro-batch 1: model states alone exceed the GPU; levers: bf16 weights, "
+            f"does not fit even at micro-batch {result.min_micro_batch}: model states alone exceed the GPU; levers: "
+            "bf16 weights, "
             "more GPUs with sharded states (not in trainlab yet), a larger GPU",
             file=sys.stderr,
         )
@@ -294,7 +295,9 @@ def render(result: Plan, hand: HandEstimate) -> str:
             if result.gpus_needed:
                 lines.append(f"GPUs the global batch needs without accumulation: {result.gpus_needed}")
         else:
-            lines.append("even micro-batch 1 does not fit: the model states alone exceed this GPU")
+            lines.append(
+                f"even micro-batch {result.min_micro_batch} does not fit: the model states alone exceed this GPU"
+            )
         if result.levers:
             lines.append("levers:")
             for lever in result.levers:

@@ -72,6 +72,7 @@ class Plan:
     fits: bool | None = None
     margin_bytes: int | None = None
     max_micro_batch: int | None = None
+    min_micro_batch: int = 1  # the smallest micro-batch the model trains on (2 with BatchNorm)
     max_micro_batch_total_bytes: int | None = None
     suggested_grad_accumulation: int | None = None
     gpus_needed: int | None = None
@@ -181,7 +182,8 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         return total(tracer(m, 1 if m == per_gpu_batch else 2))
 
     configured_fits_whole = bool(result.fits) and micro == per_gpu_batch and cfg.grad_accumulation == 1
-    result.max_micro_batch = largest_fitting(total_at, capacity, per_gpu_batch, configured_fits_whole)
+    lower = result.min_micro_batch = smallest_micro_batch(tracer)
+    result.max_micro_batch = largest_fitting(total_at, capacity, per_gpu_batch, configured_fits_whole, lower)
     if result.max_micro_batch:
         m = result.max_micro_batch
         result.max_micro_batch_total_bytes = total(tracer(m, 1 if m == per_gpu_batch else 2))
@@ -242,13 +244,14 @@ def auto_accumulation(recipe: Recipe[Any], device: PlanDevice, capacity: GpuProf
         b = tracer(m, 1 if m == per_gpu_batch else 2)
         return b.peak_reserved_bytes + overheads(device, capacity, gpus, b.gradients_bytes, b.uses_convolution).total
 
-    largest = largest_fitting(total_at, capacity.total_bytes, per_gpu_batch)
+    lower = smallest_micro_batch(tracer)
+    largest = largest_fitting(total_at, capacity.total_bytes, per_gpu_batch, lower=lower)
     if largest == 0:
         levers = "--precision bf16-amp"
         if not cfg.activation_checkpointing and _checkpointing_supported(tracer):
             levers += ", --activation-checkpointing"
         raise UsageError(
-            f"--grad-accumulation auto: even micro-batch 1 needs {total_at(1) / 2**30:,.2f} GiB but "
+            f"--grad-accumulation auto: even micro-batch {lower} needs {total_at(lower) / 2**30:,.2f} GiB but "
             f"{capacity.name} is {capacity.total_bytes / 2**30:,.2f} GiB; try {levers}, more GPUs or a larger device "
             f"(`trainlab plan {recipe.name} --gpu NAME` shows each)"
         )
@@ -257,8 +260,11 @@ def auto_accumulation(recipe: Recipe[Any], device: PlanDevice, capacity: GpuProf
     return AutoAccumulation(m, k, total_at(m), capacity.total_bytes, largest, len(tracer.cache))
 
 
-def largest_fitting(total_at: Callable[[int], int], capacity: int, upper: int, known_upper_fits: bool = False) -> int:
-    """The largest m in [1, upper] with total_at(m) <= capacity; 0 when even m = 1 does not fit.
+def largest_fitting(
+    total_at: Callable[[int], int], capacity: int, upper: int, known_upper_fits: bool = False, lower: int = 1
+) -> int:
+    """The largest m in [lower, upper] with total_at(m) <= capacity; 0 when even m = lower does not fit (`lower`: the
+    smallest micro-batch the model trains on, 2 with BatchNorm).
 
     The predicted total grows about linearly with the micro-batch (activations), in steps (allocator segments).
     So instead of bisecting with a trace per step, guess from the straight line through the two traced ends of the
@@ -275,9 +281,9 @@ def largest_fitting(total_at: Callable[[int], int], capacity: int, upper: int, k
 
     if known_upper_fits or at(upper) <= capacity:
         return upper
-    if at(1) > capacity:
+    if lower >= upper or at(lower) > capacity:
         return 0
-    low, high = 1, upper  # at(low) <= capacity < at(high)
+    low, high = lower, upper  # at(low) <= capacity < at(high)
     bisect = False
     while high - low > 1:
         width = high - low
@@ -303,6 +309,20 @@ def largest_fitting(total_at: Callable[[int], int], capacity: int, upper: int, k
                     high = guess - 1
         bisect = 2 * (high - low) > width
     return low
+
+
+BATCHNORM_NEEDS_TWO = "Expected more than 1 value per channel when training"  # torch's BatchNorm on one sample
+
+
+def smallest_micro_batch(tracer: _Tracer) -> int:
+    """1, or 2 where the model holds a BatchNorm that refuses a batch of one in training (one value per channel)."""
+    try:
+        tracer(1, 2)
+    except ValueError as err:
+        if BATCHNORM_NEEDS_TWO not in str(err):
+            raise
+        return 2
+    return 1
 
 
 def _levers(
