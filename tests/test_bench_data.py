@@ -27,13 +27,14 @@ def test_json_gives_the_rate_the_workers_and_the_sample_shapes(
 
 
 def test_the_bench_flags_are_taken_out_and_the_rest_left_to_the_recipe() -> None:
-    options, rest = take_bench_options(["--workers", "3", "--batch-size", "8", "--json", "--seconds=2.5"])
-    assert (options.workers, options.seconds, options.json) == (3, 2.5, True)
-    assert rest == ["--batch-size", "8"]
+    options, rest = take_bench_options(["--num-workers", "3", "--batch-size", "8", "--json", "--seconds=2.5"])
+    assert (options.seconds, options.json) == (2.5, True)
+    assert rest == ["--num-workers", "3", "--batch-size", "8"]  # the loader's workers are the recipe's
 
 
 @pytest.mark.parametrize(
-    ("flags", "needle"), [(["--workers", "-1"], "--workers"), (["--seconds", "0"], "--seconds"), ([], "unknown recipe")]
+    ("flags", "needle"),
+    [(["--num-workers", "-1"], "--num-workers"), (["--seconds", "0"], "--seconds"), ([], "unknown recipe")],
 )
 def test_wrong_flags_stop_with_one_line_before_anything_is_built(flags: list[str], needle: str) -> None:
     recipe = ["nosuch"] if needle == "unknown recipe" else ["cifar"]

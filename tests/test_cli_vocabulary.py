@@ -18,6 +18,7 @@ import pytest
 
 from trainlab.cli import _COMMANDS
 from trainlab.commands.bench import PrecisionBenchConfig
+from trainlab.commands.bench_data import DataBenchOptions
 from trainlab.commands.doctor import DoctorConfig
 from trainlab.commands.edit import EditConfig
 from trainlab.commands.eval import FidConfig, JudgeConfig, KnnConfig
@@ -44,6 +45,7 @@ def _configs() -> dict[str, type]:
         {
             "plan": PlanOptions,  # plus the flags of `train RECIPE`
             "bench precision": PrecisionBenchConfig,
+            "bench data": DataBenchOptions,  # plus the flags of `train RECIPE`
             "report": ReportConfig,
             "runs": RunsConfig,
             "sample": SampleConfig,

@@ -38,7 +38,10 @@ log = logging.getLogger("trainlab")
 _COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainlab.commands.train:main", "train a recipe on the shared engine (trainlab train --help)"),
     "plan": ("trainlab.commands.plan:main", "GPU memory planner: will RECIPE fit? (trainlab plan RECIPE --gpu 48GiB)"),
-    "bench": ("trainlab.commands.bench:main", "benchmarks: `trainlab bench precision` runs every precision mode"),
+    "bench": (
+        "trainlab.commands.bench:main",
+        "benchmarks: `bench precision` (every precision mode), `bench data RECIPE` (loader samples/s per core)",
+    ),
     "report": ("trainlab.commands.report:main", "plots and tables from one or more run directories"),
     "runs": ("trainlab.commands.runs:main", "every run under a folder: status, step, last metrics, resume command"),
     "sample": ("trainlab.commands.sample:main", "sample images from VAR weights (official or trainlab-trained)"),

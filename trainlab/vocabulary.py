@@ -143,7 +143,9 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--classes", "class ids (several)", "ID", ("sample",)),
     Term("--class", "a class id (one)", "ID", ("edit",), former=("--label",)),
     Term("--samples", "generated images: a folder of PNGs or an .npz", "DIR|NPZ", ("eval fid", "eval judge")),
-    Term("--json", "print a machine-readable answer instead of the table", None, ("runs", "plan", "doctor")),
+    Term(
+        "--json", "print a machine-readable answer instead of the table", None, ("runs", "plan", "doctor", "bench data")
+    ),
 )
 
 

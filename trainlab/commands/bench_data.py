@@ -1,10 +1,10 @@
-"""`trainlab bench data RECIPE [flags of trainlab train RECIPE] [--workers N] [--seconds S] [--json]`: how fast the
+"""`trainlab bench data RECIPE [flags of trainlab train RECIPE] [--num-workers N] [--seconds S] [--json]`: how fast the
 recipe's real training loader delivers samples, in total and per CPU core.
 
 The recipe is built as `trainlab train RECIPE` with the same flags would build it (on the CPU: only its data is
 used), then its training dataset is iterated through the engine's own loader (`trainlab.engine.sampler`: the step
 sampler, the seeded workers) for `--seconds` after one warm-up batch (worker start-up and file cache are not
-timed), epoch after epoch. `--workers 0` reads in this process with one torch thread: the per-core rate of the
+timed), epoch after epoch. `--num-workers 0` reads in this process with one torch thread: the per-core rate of the
 pipeline itself. With N workers the per-core rate is samples/s / N (each worker is one process on its own core when
 the machine has N free cores; on fewer cores the division understates it).
 
@@ -25,16 +25,14 @@ from trainlab.commands.plan import take_flag
 from trainlab.config import flags_help, from_dict, option, parse
 from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
-USAGE = "usage: trainlab bench data RECIPE [--workers N] [--seconds S] [--json] [flags of `trainlab train RECIPE`]"
+USAGE = "usage: trainlab bench data RECIPE [--num-workers N] [--seconds S] [--json] [flags of `trainlab train RECIPE`]"
 
 
 @dataclasses.dataclass(kw_only=True)
 class DataBenchOptions:
-    """The data bench's own flags (the others are the recipe's, as `trainlab train RECIPE` takes them)."""
+    """The data bench's own flags (the others are the recipe's, as `trainlab train RECIPE` takes them: the loader's
+    workers are the recipe's `--num-workers`, 0 by default: read in this process with one torch thread)."""
 
-    workers: int = option(
-        0, "loader worker processes (0: read in this process with one torch thread)", metavar="N", ge=0
-    )
     seconds: float = option(10.0, "seconds to iterate the loader after one warm-up batch", metavar="S", gt=0, le=86400)
     json: bool = option(False, "print the result as JSON instead of the lines")
 
@@ -81,7 +79,7 @@ def run(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any]:
 
     from trainlab.engine.sampler import StepBatchSampler, build_loader
 
-    if options.workers == 0:
+    if config.num_workers == 0:
         torch.set_num_threads(1)
     cpu = torch.device("cpu")
     recipe = get_recipe(name)(config)
@@ -94,14 +92,14 @@ def run(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any]:
         world=1,
         seed=config.seed,
     )
-    loader = build_loader(dataset, sampler, num_workers=options.workers, seed=config.seed, pin_memory=False)
+    loader = build_loader(dataset, sampler, num_workers=config.num_workers, seed=config.seed, pin_memory=False)
     result = measure_loader(loader, dataset, options.seconds)
-    cores = max(options.workers, 1)
+    cores = max(config.num_workers, 1)
     return {
         "recipe": name,
         "samples_per_second": round(result["samples_per_second"], 2),
         "samples_per_second_per_core": round(result["samples_per_second"] / cores, 2),
-        "workers": options.workers,
+        "workers": config.num_workers,
         **{k: v for k, v in result.items() if k != "samples_per_second"},
     }
 
