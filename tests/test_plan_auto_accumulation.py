@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from trainlab import launcher
 from trainlab.cli import main
 from trainlab.commands import train as train_command
 from trainlab.memory.breakdown import breakdown
@@ -115,6 +116,8 @@ def test_auto_is_refused_with_several_processes(
     _free(monkeypatch, 2**40)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["train", *TOY, "--grad-accumulation", "auto"]) == 2
+    ended: list[int] = []  # a failed worker under torchrun ends its process (os._exit): recorded here instead
+    monkeypatch.setattr(launcher, "exit_failed_worker", ended.append)
+    assert main(["train", *TOY, "--grad-accumulation", "auto"]) == 2 and ended == [2]
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "single process only" in err and "--gpus 2" in err
