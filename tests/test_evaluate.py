@@ -23,7 +23,7 @@ from trainlab.evaluate.frechet import feature_statistics, fid_from_features, fre
 from trainlab.evaluate.judge_accuracy import accuracy
 from trainlab.evaluate.psnr import psnr, psnr_from_mse
 from trainlab.models.digit_judge import DigitJudge, load_judge, save_judge
-from trainlab.recipes.judge import JudgeConfig, JudgeRecipe
+from trainlab.recipes.judge import JudgeConfig, JudgeData, JudgeRecipe
 
 
 def _random_covariance(rng: np.random.Generator, dim: int) -> np.ndarray:
@@ -212,13 +212,13 @@ def test_judge_learns_digits_quickly_on_a_small_subset(
     tmp_path: Path, digits_16: tuple[DigitsData, DigitsData]
 ) -> None:
     _, heldout = digits_16
-    judge, heldout_accuracy = _train_judge(tmp_path, train_limit=1000, epochs=3, batch_size=64)
+    judge, heldout_accuracy = _train_judge(tmp_path, data=JudgeData(train_limit=1000), epochs=3, batch_size=64)
     assert heldout_accuracy == accuracy(judge, heldout.images_N3HW, heldout.labels_N) > 0.8
 
 
 @pytest.mark.usefixtures("one_thread")
 def test_judge_training_is_seeded(tmp_path: Path) -> None:
-    small = {"train_limit": 256, "eval_limit": 50, "epochs": 1, "batch_size": 64}
+    small = {"data": JudgeData(train_limit=256, eval_limit=50), "epochs": 1, "batch_size": 64}
     first, _ = _train_judge(tmp_path / "a", seed=0, **small)
     again, _ = _train_judge(tmp_path / "b", seed=0, **small)
     other, _ = _train_judge(tmp_path / "c", seed=1, **small)
