@@ -52,6 +52,7 @@ class DoctorConfig:
         "training data to check (train/<class>/*, val/<class>/*, or cifar-10-batches-py/); default: none",
         metavar="DIR",
         flag="--data.root",
+        deprecated=("--data-root",),
     )
     num_workers: int = option(0, "DataLoader workers per training process the run will use", ge=0)
     nproc_per_node: int = option(1, "training processes on this machine (torchrun --nproc-per-node)", ge=1)
