@@ -108,3 +108,22 @@ def test_the_log_says_what_a_query_sees_and_what_batchnorm_normalises_by(caplog:
     log_keys(_config(Path("unused"), moco_keys="micro-batch"), world=2, sync_batchnorm=True)
     assert "--moco-keys micro-batch: each query against 8 keys" in caplog.text
     assert "BatchNorm statistics of 16 images" in caplog.text and "up to BatchNorm" not in caplog.text
+
+
+def test_a_checkpoint_from_before_the_keys_setting_resumes_only_as_it_trained(tmp_path: Path) -> None:
+    """A split batch trained before `moco_keys` existed scored micro-batch keys: resuming it with full-batch keys would
+    change the loss mid-run, so it is refused naming the flag; unsplit runs (nothing differed) resume as before."""
+    from trainlab.config import to_dict
+    from trainlab.engine.resume import check_config
+    from trainlab.errors import UsageError
+
+    for accumulation, refused in ((2, True), (1, False)):
+        config = MocoConfig(grad_accumulation=accumulation, batch_size=8)
+        stored = {k: v for k, v in to_dict(config).items() if k != "moco_keys"}
+        if refused:
+            with pytest.raises(UsageError, match=r"moco_keys='micro-batch'.*--moco-keys"):
+                check_config(stored, config, tmp_path / "last.pt", ())
+            same = MocoConfig(grad_accumulation=accumulation, batch_size=8, moco_keys="micro-batch")
+            assert check_config(stored, same, tmp_path / "last.pt", ()) == []
+        else:
+            assert check_config(stored, config, tmp_path / "last.pt", ()) == []

@@ -169,6 +169,13 @@ class TrainConfig:
     memory_snapshot: str = option("", "write a CUDA memory snapshot (pytorch.org/memory_viz) of the first steps here")
     debug: bool = option(False, "tiny data, a few steps, save, reload, more steps; check resumed losses match")
 
+    @classmethod
+    def unrecorded(cls, stored: Mapping[str, Any]) -> dict[str, Any]:
+        """What a run did in place of settings its checkpoint predates, where that was not today's default:
+        {field: value}, given the checkpoint's stored config. A resume compares them as if recorded. Default: none
+        (a setting a checkpoint does not record behaved as its default)."""
+        return {}
+
     def validate(self) -> None:
         """One-line UsageErrors for values no run can use (checked before anything is built): every number against
         the range declared on its field (again, for configs built in Python rather than by `from_dict`), then the

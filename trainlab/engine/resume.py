@@ -124,8 +124,10 @@ def check_config(saved: Any, config: TrainConfig, path: Path, recipe_fields: Ite
         UsageError: the checkpoint records no config, or a field that must match differs (named with its flag).
     """
     missing = [k for k in ALWAYS_RECORDED if k not in saved] if isinstance(saved, Mapping) else list(ALWAYS_RECORDED)
-    if not missing:  # settings renamed since the checkpoint was written: under their current names
+    if not missing:  # settings renamed since the checkpoint was written: under their current names, and what the
+        # run did in place of settings it predates (`TrainConfig.unrecorded`)
         saved = upgrade_keys(type(config), dict(saved), f"checkpoint {path}")
+        saved = {**type(config).unrecorded(saved), **saved}
     if missing:
         raise UsageError(
             f"checkpoint {path} records no config (no {', '.join(missing)}), so this run cannot be checked against the "

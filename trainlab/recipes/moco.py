@@ -122,6 +122,12 @@ class MocoConfig(TrainConfig):
     )
     eval_batch_size: int = option(256, "batch size of the feature extraction", ge=1)
 
+    @classmethod
+    def unrecorded(cls, stored: Mapping[str, Any]) -> dict[str, Any]:
+        """Before --moco-keys existed, a batch split over micro-batches scored each one against its own keys only."""
+        accumulation = stored.get("grad_accumulation", 1)
+        return {"moco_keys": "micro-batch"} if isinstance(accumulation, int) and accumulation > 1 else {}
+
     def validate(self) -> None:
         super().validate()
         check_image_size(self.data.kind, self.image_size)
