@@ -64,7 +64,6 @@ from trainlab.models.backbones.vit import check_vit_image_size
 from trainlab.models.moco import MoCo, build_moco, infer_arch, read_moco_state
 from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
 from trainlab.optim.config import OptimConfig
-from trainlab.recipes.moco import MocoConfig
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +131,9 @@ def _read_moco_checkpoint(checkpoint: str) -> tuple[dict[str, torch.Tensor], dic
 
     def unwrap(obj: Any, path: Path) -> Any:
         if is_trainlab_checkpoint(obj):
-            config.update(stored_config(obj, MocoConfig, where=f"checkpoint {path}") or {})
+            # under today's names of what the probe reads (the data group, the side): its own fields declare the
+            # same former spellings as the pretraining recipe's (a recipe imports no other recipe)
+            config.update(stored_config(obj, LinearProbeConfig, where=f"checkpoint {path}") or {})
         return moco_weights(obj, path)
 
     state, _ = read_moco_state(checkpoint, unwrap=unwrap)
