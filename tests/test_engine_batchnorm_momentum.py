@@ -55,7 +55,7 @@ def test_the_engine_sets_every_batchnorm_and_logs_it(tmp_path: Path, caplog: pyt
     base = dataclasses.replace(
         MocoRecipe(MocoConfig()).debug_config(), run_dir=tmp_path / "a", tensorboard=False, progress=False
     )
-    caplog.set_level(logging.INFO, logger="trainlab.engine.loop")
+    caplog.set_level(logging.INFO, logger="trainlab.engine.assemble")  # where a run is assembled
     cfg = dataclasses.replace(base, grad_accumulation=4, batchnorm_decay="per-optimizer-step")
     layers = batchnorms(Trainer(MocoRecipe(cfg)).parts.models.values())
     assert len(layers) > 5
