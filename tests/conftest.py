@@ -6,6 +6,7 @@ import dataclasses
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,15 @@ SHARED = Path(os.environ.get("TRAINLAB_SHARED", REPO.parent / "shared"))  # refe
 VAR_FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored() -> Iterator[None]:
+    """A test that changes torch's thread count does not change the next test's float sums (reduction order)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
 
 # torch.compile on the CPU writes C++ kernels: tests that compile skip where no compiler is on PATH
 needs_compiler = pytest.mark.skipif(

@@ -77,10 +77,20 @@ def measure_loader(loader: Any, dataset: Any, seconds: float) -> dict[str, Any]:
 def run(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any]:
     import torch
 
+    threads = torch.get_num_threads()
+    if config.num_workers == 0:
+        torch.set_num_threads(1)  # the per-core rate; restored below (the command may run in-process)
+    try:
+        return _measure(name, options, config)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any]:
+    import torch
+
     from trainlab.engine.sampler import StepBatchSampler, build_loader
 
-    if config.num_workers == 0:
-        torch.set_num_threads(1)
     cpu = torch.device("cpu")
     recipe = get_recipe(name)(config)
     dataset = recipe.build_data(recipe.build(cpu), cpu)
