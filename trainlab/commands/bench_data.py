@@ -21,8 +21,8 @@ import json
 import time
 from typing import Any
 
-from trainlab.commands.plan import take_flag
-from trainlab.config import flags_help, from_dict, option, parse
+from trainlab.commands.plan import take_options
+from trainlab.config import flags_help, option, parse
 from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
 USAGE = "usage: trainlab bench data RECIPE [--num-workers N] [--seconds S] [--json] [flags of `trainlab train RECIPE`]"
@@ -39,13 +39,7 @@ class DataBenchOptions:
 
 def take_bench_options(argv: list[str]) -> tuple[DataBenchOptions, list[str]]:
     """The bench's flags (typed and range-checked) and the rest of `argv` (the recipe's flags)."""
-    values: dict[str, Any] = {}
-    rest = list(argv)
-    for f in dataclasses.fields(DataBenchOptions):
-        rest, value = take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
-        if value is not None:
-            values[f.name] = value
-    return from_dict(DataBenchOptions, values), rest
+    return take_options(DataBenchOptions, argv)
 
 
 def measure_loader(loader: Any, dataset: Any, seconds: float) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainlab.config import flags_help, from_dict, option, parse
 from trainlab.errors import UsageError
@@ -21,6 +21,8 @@ from trainlab.recipes import check_recipe, get_recipe, list_recipes
 if TYPE_CHECKING:
     from trainlab.memory.hand_formula import HandEstimate
     from trainlab.memory.planner import Plan
+
+T = TypeVar("T")
 
 USAGE = "usage: trainlab plan RECIPE [--gpu NAME|GiB] [--gpus N] [--json] [flags of `trainlab train RECIPE`]"
 
@@ -92,13 +94,19 @@ def take_plan_options(argv: list[str]) -> tuple[PlanOptions, list[str]]:
     Raises:
         UsageError: a plan flag without its value, or a value of the wrong type or out of range.
     """
+    return take_options(PlanOptions, argv)
+
+
+def take_options(cls: type[T], argv: list[str]) -> tuple[T, list[str]]:
+    """A command's own flags, the fields of `cls` (typed and range-checked like any config), taken out of `argv`
+    before the recipe's flags are parsed; returns them and the rest of `argv`."""
     values: dict[str, Any] = {}
     rest = list(argv)
-    for f in dataclasses.fields(PlanOptions):
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         rest, value = take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
         if value is not None:
             values[f.name] = value
-    return from_dict(PlanOptions, values), rest
+    return from_dict(cls, values), rest
 
 
 def _gib(n: int | None) -> str:
