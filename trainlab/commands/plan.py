@@ -63,7 +63,7 @@ def plan_help(recipe: str) -> str:
 _BOOL_WORDS = ("true", "false", "1", "0", "yes", "no", "on", "off")
 
 
-def take_flag(argv: list[str], flag: str, is_switch: bool) -> tuple[list[str], str | None]:
+def _take_flag(argv: list[str], flag: str, is_switch: bool) -> tuple[list[str], str | None]:
     """Remove `flag` (and its value) from argv; returns the rest and the value (None: not given). A switch may
     stand alone (`--json`: true) or take a true/false word (`--json false`)."""
     rest: list[str] = []
@@ -103,7 +103,7 @@ def take_options(cls: type[T], argv: list[str]) -> tuple[T, list[str]]:
     values: dict[str, Any] = {}
     rest = list(argv)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        rest, value = take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
+        rest, value = _take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
         if value is not None:
             values[f.name] = value
     return from_dict(cls, values), rest
