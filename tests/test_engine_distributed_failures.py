@@ -37,6 +37,12 @@ class UnusedRecipe(ToyRecipe):
 
 dist.init("cpu", timeout_s=120)
 rank = dist.rank()
+report = open(f"{sys.argv[1]}.rank{rank}.txt", "w")  # one file per rank: two processes never share a pipe
+
+
+def say(line):
+    print(line.replace(chr(10), " | "), file=report, flush=True)
+
 # 1. PyTorch's own error at the second backward of a bare DDP module, through the engine's translation
 ddp = DistributedDataParallel(WithUnused())
 try:
@@ -45,17 +51,20 @@ try:
 except RuntimeError as err:
     try:
         dist.raise_named(err, {"model": ddp}, step=1)
+        say(f"UNTRANSLATED[{rank}] {err!r}")  # not an error the engine explains: shown by the test's failure
     except UsageError as named:
-        print(f"TRANSLATED[{rank}] {named}", flush=True)
+        say(f"TRANSLATED[{rank}] {named}")
+else:
+    say(f"NO-ERROR[{rank}] two steps of a DDP module with an unused layer raised nothing")
 # 2. the engine names them itself at the first step
 find_unused = sys.argv[2] == "true"
 config = ToyConfig(run_dir=sys.argv[1], num_samples=64, batch_size=16, max_steps=2, device="cpu", tensorboard=False,
                    progress=False, ddp_find_unused_parameters=find_unused)
 try:
     result = Trainer(UnusedRecipe(config)).fit()
-    print(f"FINISHED[{rank}] {result.status} at step {result.step}", flush=True)
+    say(f"FINISHED[{rank}] {result.status} at step {result.step}")
 except UsageError as err:
-    print(f"ERROR[{rank}] {err}", flush=True)
+    say(f"ERROR[{rank}] {err}")
 dist.cleanup()
 """
 
@@ -85,18 +94,28 @@ def _torchrun(python: str, script: Path, args: list[str], env: dict[str, str]) -
     return subprocess.run([*torchrun, *args], env=env, capture_output=True, text=True, timeout=300)
 
 
+def _reports(run: Path, launched: subprocess.CompletedProcess[str]) -> tuple[list[str], str]:
+    """Both ranks' report lines, and everything the launch printed (for a failure's message)."""
+    lines = []
+    for rank in (0, 1):
+        path = run.parent / f"{run.name}.rank{rank}.txt"
+        lines += path.read_text().splitlines() if path.exists() else []
+    return lines, "\n".join(lines) + "\n" + launched.stdout + launched.stderr[-3000:]
+
+
 def test_an_unused_linear_is_named_with_both_fixes(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
     script = tmp_path / "unused.py"
     script.write_text(UNUSED_LINEAR)
     launched = _torchrun(python, script, [str(tmp_path / "run"), "false"], run_env)
-    lines = launched.stdout.splitlines()
+    lines, printed = _reports(tmp_path / "run", launched)
     for rank in (0, 1):
         error = next((line for line in lines if line.startswith(f"ERROR[{rank}]")), None)
-        assert error is not None, launched.stdout + launched.stderr[-3000:]
+        assert error is not None, printed
         names = error.split("received no gradient at step 1: ")[1].split(";")[0]
         assert names == "model.unused.weight, model.unused.bias", error
         assert "remove them from the model" in error and "--ddp-find-unused-parameters" in error
-        translated = next(line for line in lines if line.startswith(f"TRANSLATED[{rank}]"))
+        translated = next((line for line in lines if line.startswith(f"TRANSLATED[{rank}]")), None)
+        assert translated is not None, printed
         assert "received no gradient at step 2: model.unused.weight, model.unused.bias;" in translated
         assert "Expected to have finished reduction" in translated and "--ddp-find-unused-parameters" in translated
 
@@ -106,7 +125,8 @@ def test_ddp_find_unused_parameters_lets_that_model_train(tmp_path: Path, python
     script = tmp_path / "unused.py"
     script.write_text(UNUSED_LINEAR)
     allowed = _torchrun(python, script, [str(tmp_path / "allowed"), "true"], run_env)
-    assert "FINISHED[0] max_steps at step 2" in allowed.stdout, allowed.stdout + allowed.stderr[-3000:]
+    lines, printed = _reports(tmp_path / "allowed", allowed)
+    assert "FINISHED[0] max_steps at step 2" in lines, printed
 
 
 def test_a_rank_stuck_outside_a_collective_is_named(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:

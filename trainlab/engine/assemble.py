@@ -214,7 +214,7 @@ def _wrap_ddp(parts: TrainParts, device: torch.device, world: int, find_unused: 
         if world > 1 and name in trained and any(p.requires_grad for p in model.parameters()):
             device_ids = [device.index] if device.type == "cuda" else None
             wrapped[name] = DistributedDataParallel(
-                model, device_ids=device_ids, find_unused_parameters=find_unused, broadcast_buffers=False
+                model, device_ids=device_ids, find_unused_parameters=find_unused, forward_sync_buffers=False
             )
         else:
             wrapped[name] = model
