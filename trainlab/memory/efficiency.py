@@ -1,0 +1,90 @@
+"""Model FLOPs utilisation (MFU) for time estimates: an assumption per recipe family until measured on that GPU.
+
+step seconds = traced FLOPs per optimizer step / (the GPU's dense peak for the compute dtype x efficiency). The
+ASSUMED values are documented guesses, not measurements; `trainlab plan RECIPE --measure` on a device stores the
+efficiency it measured (keyed by the device's profile name and the recipe family) in the user's cache folder
+(`$TRAINLAB_CACHE`, else `$XDG_CACHE_HOME/trainlab`, else `~/.cache/trainlab`), and later estimates for that GPU and
+family use it and say so (`source == "measured"`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Assumed MFU per recipe family, with the reasoning (no measurement behind these numbers):
+ASSUMED: dict[str, float] = {
+    # large transformer blocks (VAR d16+, ViT-B+): big GEMMs; published well-tuned bf16 training reaches 0.4-0.5,
+    # a research codebase without fused kernels less.
+    "transformer": 0.35,
+    # small transformers (ViT-S, debug sizes): narrower GEMMs, more time in norms, softmax and optimizer steps.
+    "small-transformer": 0.25,
+    # ImageNet-size convnets (ResNet-50): convolutions plus BatchNorm / ReLU passes that are bandwidth-bound.
+    "convnet": 0.25,
+    # CIFAR-size convnets (32 px images): kernels too small to fill the GPU.
+    "small-convnet": 0.10,
+}
+DEFAULT_FAMILY = "convnet"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """An efficiency and where it comes from: "assumed" (the table above) or "measured" (stored by --measure)."""
+
+    value: float
+    source: str
+    family: str
+
+
+def cache_folder() -> Path:
+    """The user's trainlab cache folder (not created here)."""
+    if os.environ.get("TRAINLAB_CACHE"):
+        return Path(os.environ["TRAINLAB_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "trainlab"
+
+
+def _store_path() -> Path:
+    return cache_folder() / "efficiency.json"
+
+
+def _read_store() -> dict[str, dict[str, object]]:
+    path = _store_path()
+    try:
+        stored = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return {}  # an unreadable store is ignored: estimates fall back to the assumed values (said by source)
+    return stored if isinstance(stored, dict) else {}
+
+
+def _key(gpu: str, family: str) -> str:
+    return f"{gpu}|{family}"
+
+
+def efficiency_for(gpu: str, family: str) -> Efficiency:
+    """The efficiency to use for `family` on the GPU profile named `gpu`: the measured one if stored, else assumed."""
+    entry = _read_store().get(_key(gpu, family))
+    if isinstance(entry, dict):
+        value = entry.get("efficiency")
+        if isinstance(value, (int, float)) and 0 < value <= 1:
+            return Efficiency(float(value), "measured", family)
+    return Efficiency(ASSUMED.get(family, ASSUMED[DEFAULT_FAMILY]), "assumed", family)
+
+
+def store_measured(gpu: str, family: str, value: float, details: dict[str, object]) -> Path:
+    """Store a measured efficiency (atomically: a reader never sees half a file); returns the store's path."""
+    if not 0 < value <= 1:
+        raise ValueError(f"an efficiency is in (0, 1], got {value}")
+    stored = _read_store()
+    stored[_key(gpu, family)] = {"efficiency": value, **details}
+    path = _store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
+        json.dump(stored, handle, indent=1, sort_keys=True)
+    os.replace(handle.name, path)
+    return path
