@@ -33,6 +33,7 @@ from trainlab.data.image_folder import (
     scan_image_folder,
 )
 from trainlab.data.images import MAX_IMAGE_PIXELS, UnreadableImage, read_image, read_image_size
+from trainlab.data.loader_options import LoaderOptions
 from trainlab.data.resized_crops import ResizedCropFolder
 from trainlab.data.ssl_views import FolderTwoViews
 from trainlab.data.transforms import TwoViews
@@ -334,7 +335,7 @@ def test_an_error_inside_a_loader_worker_is_the_same_one_line(tmp_path: Path, wo
         FolderTwoViews(root, TwoViews(image_size=8), seed=0),
     ):
         sampler = StepBatchSampler(len(data), batch_size=5, accumulation=1, rank=0, world=1, seed=0, shuffle=False)
-        err = _first_batch_error(build_loader(data, sampler, num_workers=workers, seed=0, pin_memory=False))
+        err = _first_batch_error(build_loader(data, sampler, options=LoaderOptions(num_workers=workers), seed=0))
         assert isinstance(err, DataError)
         messages.append(_one_line(err))
     assert messages[0] == messages[1] and messages[0].startswith(f"none of the 5 images in {root} is readable")

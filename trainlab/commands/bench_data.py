@@ -96,7 +96,7 @@ def _measure(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any
         world=1,
         seed=config.seed,
     )
-    loader = build_loader(dataset, sampler, num_workers=config.num_workers, seed=config.seed, pin_memory=False)
+    loader = build_loader(dataset, sampler, options=config.loader_options("cpu"), seed=config.seed)
     result = measure_loader(loader, dataset, options.seconds)
     cores = max(config.num_workers, 1)
     return {

@@ -176,13 +176,9 @@ class Trainer:
             world=self.world,
             seed=cfg.seed,
         )
-        self.loader = build_loader(
-            self.train_dataset,
-            self.sampler,
-            num_workers=cfg.num_workers,
-            seed=cfg.seed,
-            pin_memory=self.device.type == "cuda",
-        )
+        options = cfg.loader_options(self.device.type)
+        log.info("training loader: %s", options.describe())
+        self.loader = build_loader(self.train_dataset, self.sampler, options=options, seed=cfg.seed)
         return run_length(self.sampler.steps_per_epoch, epochs=cfg.epochs, max_steps=cfg.max_steps)
 
     def _restore(self) -> None:

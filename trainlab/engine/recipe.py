@@ -54,6 +54,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from trainlab.config import FLOAT32_MAX, check_ranges, option
+from trainlab.data.loader_options import DEFAULT_PREFETCH_FACTOR, LoaderOptions, Switch, resolve_loader_options
 from trainlab.engine.ema import WeightAverage
 from trainlab.engine.precision_names import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
@@ -124,6 +125,15 @@ class TrainConfig:
     optim: OptimConfig = option(OptimConfig(learning_rate=0.1), "optimizer (each recipe sets its own defaults)")
     schedule: ScheduleConfig = option(ScheduleConfig(), "learning-rate schedule")
     num_workers: int = option(0, "DataLoader worker processes", ge=0)
+    pin_memory: Switch = option(
+        "auto", "page-locked loader batches, copied to the GPU without blocking (auto: on when the device is CUDA)"
+    )
+    persistent_workers: Switch = option(
+        "auto", "keep the loader workers alive from epoch to epoch (auto: on when --num-workers > 0)"
+    )
+    prefetch_factor: int = option(
+        DEFAULT_PREFETCH_FACTOR, "batches each loader worker prepares ahead (PyTorch's default; workers only)", ge=1
+    )
     log_every: int = option(10, "log training metrics every N optimizer steps", ge=1)
     health_every: int = option(
         200,
@@ -186,8 +196,23 @@ class TrainConfig:
         check_wandb_login(self.wandb)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
+        self.loader_options(None if self.device == "auto" else self.device.split(":")[0])
         self.optim.validate()
         self._check_optimizer_numbers()
+
+    def loader_options(self, device_type: str | None) -> LoaderOptions:
+        """The training loader's settings on `device_type` (`trainlab.data.loader_options`; None: not known yet).
+
+        Raises:
+            UsageError: a loader setting the run cannot use (`--pin-memory on` off CUDA, ...).
+        """
+        return resolve_loader_options(
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+            prefetch_factor=self.prefetch_factor,
+            device_type=device_type,
+        )
 
     def _check_optimizer_numbers(self) -> None:
         """The optimizer applies the learning rate (at its largest: peak x the schedule's largest ratio; a `base_`

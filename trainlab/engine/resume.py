@@ -62,6 +62,9 @@ ENGINE_MAY_CHANGE = (
     "static_loss_scale",  # after a divergence: another loss scale (fp16-scale)
     "max_skipped_steps",  # after a divergence: more patience for overflow skips
     "num_workers",
+    "pin_memory",
+    "persistent_workers",
+    "prefetch_factor",
     "log_every",
     "eval_every_epochs",
     "checkpoint_every",

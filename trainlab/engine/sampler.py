@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from trainlab.data.loader_options import LoaderOptions
 from trainlab.engine.seeding import derive_seed, worker_init_fn
 from trainlab.errors import UsageError
 
@@ -91,25 +92,26 @@ def build_loader(
     dataset: Dataset[Any],
     sampler: StepBatchSampler,
     *,
-    num_workers: int,
+    options: LoaderOptions,
     seed: int,
-    pin_memory: bool,
     collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader[Any]:
     """A DataLoader over the step sampler; worker RNGs derive from `seed` (distinct per worker, same run to run).
 
     Errors the data path raises on purpose inside a worker (an image folder without a readable image, ...) are
     `trainlab.data.errors.DataError`s: PyTorch re-raises them in this process as the same one line as without
-    workers, not wrapped in the worker's traceback.
+    workers, not wrapped in the worker's traceback. `options` (`trainlab.data.loader_options`): workers, pinned
+    memory, persistent workers, prefetch; none of them changes a sample.
     """
     generator = torch.Generator().manual_seed(derive_seed(seed, 0xD47A))
     return DataLoader(
         dataset,
         batch_sampler=sampler,
-        num_workers=num_workers,
-        worker_init_fn=worker_init_fn if num_workers > 0 else None,
+        num_workers=options.num_workers,
+        worker_init_fn=worker_init_fn if options.num_workers > 0 else None,
         generator=generator,
-        pin_memory=pin_memory,
+        pin_memory=options.pin_memory,
         collate_fn=collate_fn,
-        persistent_workers=False,
+        persistent_workers=options.persistent_workers,
+        prefetch_factor=options.prefetch_factor,
     )
