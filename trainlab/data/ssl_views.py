@@ -4,6 +4,10 @@ image folder: samples `{"view1": (3, S, S), "view2": (3, S, S), "label": int64}`
 The views of sample i in epoch e are a pure function of (seed, e, i) (see `two_views`), so resumed runs and any
 number of loader workers see the same views.
 
+With `TwoViews.deferred` (MoCo's `--augment-device cuda`) a sample stops after the crops: `{"view1": (3, S, S)
+crop on the image's pixels, "view1_draws": (P,) float64, "view2", "view2_draws", "label"}`, finished on the batch's
+device by `trainlab.data.batch_views.adjust_views` with the same draws.
+
 Shape legend: C channels (3), H/W pixels, S output side, N images.
 """
 
@@ -18,7 +22,7 @@ from torch.utils.data import Dataset
 
 from trainlab.data.augment import EpochCounter
 from trainlab.data.image_folder import FolderIndex, UnreadableSkipper, evenly_spaced, scan_image_folder
-from trainlab.data.transforms import TwoViews, two_views
+from trainlab.data.transforms import TwoViews, two_view_crops, two_views
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,11 @@ class TwoViewDataset(Dataset[dict[str, torch.Tensor]], ABC):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         img_CHW, label = self._sample(index)
+        if self.spec.deferred:  # crops and draws; `batch_views.adjust_views` finishes them on the batch's device
+            crop1, draws1, crop2, draws2 = two_view_crops(
+                img_CHW, self.spec, seed=self.seed, epoch=self._epoch.get(), index=index
+            )
+            return {"view1": crop1, "view1_draws": draws1, "view2": crop2, "view2_draws": draws2, "label": label}
         view1, view2 = two_views(img_CHW, self.spec, seed=self.seed, epoch=self._epoch.get(), index=index)
         return {"view1": view1, "view2": view2, "label": label}
 

@@ -58,6 +58,7 @@ RESIZE_RATIO = 1.125  # VAR official: mid_reso = round(1.125 * final_reso)
 CROP_MIN = 0.08  # RandomResizedCrop's default scale (0.08, 1), as main_lincls.py uses it
 EVAL_RESIZE_RATIO = 256 / 224  # Resize(256) + CenterCrop(224)
 CROP_PADDING = 4  # CIFAR: RandomCrop(32, padding=4)
+SOLARIZE_THRESHOLD = 128 / 255  # moco/loader.py: ImageOps.solarize(threshold=128) on 8-bit pixels
 
 Stats = tuple[float, float, float]
 
@@ -106,6 +107,8 @@ class TwoViews:
         blur: Gaussian blur p 1.0 / 0.1 on views 1 / 2 (False: the CIFAR-size variant, no blur).
         mean: per-channel mean subtracted from [0, 1] pixels.
         std: per-channel std divided by.
+        deferred: the dataset stops after the crops (`two_view_crops`: {"view1", "view1_draws", "view2",
+            "view2_draws", "label"}) and `trainlab.data.batch_views.adjust_views` finishes the batch on its device.
     """
 
     image_size: int
@@ -113,6 +116,7 @@ class TwoViews:
     blur: bool = True
     mean: Stats = IMAGENET_MEAN
     std: Stats = IMAGENET_STD
+    deferred: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,42 +249,146 @@ def resize_center_crop(
     return TF2.normalize(x_CSS, list(mean), list(std))
 
 
-def one_view(
-    img_CHW: torch.Tensor, rng: random.Random, spec: TwoViews, *, p_blur: float, p_solarize: float
-) -> torch.Tensor:
-    """One augmented view of a uint8 or [0, 1] float image (C, H, W), normalised; consumes `rng` in a fixed order.
+@dataclass(frozen=True)
+class ViewDraws:
+    """The random choices of one view (drawn in `draw_view`'s fixed order; `adjust_view` / `adjust_views` apply them).
 
-    The crop is resized before any float conversion (`crop_to_unit_float`); the adjustments run on the float crop.
+    Attributes:
+        box: the crop (top, left, h, w) in the source image.
+        jitter_order: the colour adjustments' order (0 brightness, 1 contrast, 2 saturation, 3 hue); () when the
+            jitter (p 0.8) is not applied.
+        jitter: the brightness, contrast, saturation and hue factors (drawn whether or not they apply).
+        grey: greyscale (p 0.2).
+        blur_sigma: the Gaussian blur's sigma; 0.0 when the blur is not applied.
+        blur_kernel: its kernel side, 2*ceil(3*sigma)+1 capped to the view (0 without blur).
+        solarize: solarize at 128/255.
+        flip: horizontal flip.
+    """
+
+    box: tuple[int, int, int, int]
+    jitter_order: tuple[int, ...]
+    jitter: tuple[float, float, float, float]
+    grey: bool
+    blur_sigma: float
+    blur_kernel: int
+    solarize: bool
+    flip: bool
+
+    def row(self) -> list[float]:
+        """The adjustments as `VIEW_DRAW_FIELDS` numbers (the crop box left out: it is applied in the worker)."""
+        order = list(self.jitter_order) or [0, 1, 2, 3]
+        return [
+            float(bool(self.jitter_order)),
+            *map(float, order),
+            *self.jitter,
+            float(self.grey),
+            self.blur_sigma,
+            float(self.blur_kernel),
+            float(self.solarize),
+            float(self.flip),
+        ]
+
+
+# The columns of `ViewDraws.row` (what a batch of deferred views carries per view, `trainlab.data.batch_views`).
+VIEW_DRAW_FIELDS = (
+    "jitter",
+    "order0",
+    "order1",
+    "order2",
+    "order3",
+    "brightness",
+    "contrast",
+    "saturation",
+    "hue",
+    "grey",
+    "blur_sigma",
+    "blur_kernel",
+    "solarize",
+    "flip",
+)
+
+
+def draw_view(
+    rng: random.Random, height: int, width: int, spec: TwoViews, *, p_blur: float, p_solarize: float
+) -> ViewDraws:
+    """One view's choices for an image of `height` x `width`; consumes `rng` in a fixed order (crop, jitter, grey,
+    blur, solarize, flip: main_moco.py's order; every probability test draws, applied or not).
 
     RandomResizedCrop(S, scale=(crop_min, 1)), ColorJitter(0.4, 0.4, 0.2, 0.1) with p 0.8 (the four adjustments in
-    a random order, as torchvision does), RandomGrayscale p 0.2, blur, solarize (threshold 128/255), flip p 0.5.
+    a random order, as torchvision does), RandomGrayscale p 0.2, blur sigma in [0.1, 2], solarize, flip p 0.5.
     """
-    top, left, h, w = random_resized_crop_box(rng, img_CHW.shape[-2], img_CHW.shape[-1], spec.crop_min)
-    x_CSS = crop_to_unit_float(img_CHW, top, left, h, w, spec.image_size)
+    box = random_resized_crop_box(rng, height, width, spec.crop_min)
+    order: tuple[int, ...] = ()
+    factors = (1.0, 1.0, 1.0, 0.0)
     if rng.random() < 0.8:  # colour jitter, the four adjustments in a random order
-        order = rng.sample(range(4), 4)
+        order = tuple(rng.sample(range(4), 4))
         brightness, contrast = rng.uniform(0.6, 1.4), rng.uniform(0.6, 1.4)
         saturation, hue = rng.uniform(0.8, 1.2), rng.uniform(-0.1, 0.1)
-        for op in order:
-            if op == 0:
-                x_CSS = TF2.adjust_brightness(x_CSS, brightness)
-            elif op == 1:
-                x_CSS = TF2.adjust_contrast(x_CSS, contrast)
-            elif op == 2:
-                x_CSS = TF2.adjust_saturation(x_CSS, saturation)
-            else:
-                x_CSS = adjust_hue(x_CSS, hue)
-    if rng.random() < 0.2:
-        x_CSS = TF2.rgb_to_grayscale(x_CSS, num_output_channels=3)
+        factors = (brightness, contrast, saturation, hue)
+    grey = rng.random() < 0.2
+    sigma, kernel = 0.0, 0
     if rng.random() < p_blur:
         sigma = rng.uniform(0.1, 2.0)
         kernel = min(2 * math.ceil(3 * sigma) + 1, spec.image_size - (1 - spec.image_size % 2))
-        x_CSS = gaussian_blur(x_CSS, kernel, sigma)
-    if rng.random() < p_solarize:
-        x_CSS = TF2.solarize(x_CSS, threshold=128 / 255)
-    if rng.random() < 0.5:
+    solarize = rng.random() < p_solarize
+    flip = rng.random() < 0.5
+    return ViewDraws(box, order, factors, grey, sigma, kernel, solarize, flip)
+
+
+def adjust_view(x_CSS: torch.Tensor, draws: ViewDraws, spec: TwoViews) -> torch.Tensor:
+    """The colour jitter, greyscale, blur, solarize and flip of `draws` on one float crop in [0, 1], normalised."""
+    brightness, contrast, saturation, hue = draws.jitter
+    for op in draws.jitter_order:
+        if op == 0:
+            x_CSS = TF2.adjust_brightness(x_CSS, brightness)
+        elif op == 1:
+            x_CSS = TF2.adjust_contrast(x_CSS, contrast)
+        elif op == 2:
+            x_CSS = TF2.adjust_saturation(x_CSS, saturation)
+        else:
+            x_CSS = adjust_hue(x_CSS, hue)
+    if draws.grey:
+        x_CSS = TF2.rgb_to_grayscale(x_CSS, num_output_channels=3)
+    if draws.blur_kernel:
+        x_CSS = gaussian_blur(x_CSS, draws.blur_kernel, draws.blur_sigma)
+    if draws.solarize:
+        x_CSS = TF2.solarize(x_CSS, threshold=SOLARIZE_THRESHOLD)
+    if draws.flip:
         x_CSS = TF2.horizontal_flip(x_CSS)
     return TF2.normalize(x_CSS, list(spec.mean), list(spec.std))
+
+
+def view_crop(img_CHW: torch.Tensor, draws: ViewDraws, size: int) -> torch.Tensor:
+    """The view's crop resized to (size, size) on the image's own pixels: uint8 stays uint8, float stays in [0, 1]."""
+    top, left, h, w = draws.box
+    x_CSS = TF2.resized_crop(img_CHW, top, left, h, w, [size, size], antialias=True)
+    return x_CSS if img_CHW.dtype == torch.uint8 else x_CSS.clamp(0.0, 1.0)
+
+
+def one_view(
+    img_CHW: torch.Tensor, rng: random.Random, spec: TwoViews, *, p_blur: float, p_solarize: float
+) -> torch.Tensor:
+    """One augmented view of a uint8 or [0, 1] float image (C, H, W), normalised; consumes `rng` as `draw_view`.
+
+    The crop is resized before any float conversion (`crop_to_unit_float`); the adjustments run on the float crop.
+    """
+    draws = draw_view(rng, img_CHW.shape[-2], img_CHW.shape[-1], spec, p_blur=p_blur, p_solarize=p_solarize)
+    x_CSS = crop_to_unit_float(img_CHW, *draws.box, spec.image_size)
+    return adjust_view(x_CSS, draws, spec)
+
+
+def view_rng(seed: int, epoch: int, index: int) -> random.Random:
+    """The `random.Random` both views of sample `index` in `epoch` draw from (view 1 first)."""
+    (word,) = draw_words(seed, epoch, index, num_words=1)
+    return random.Random(word)
+
+
+def two_view_draws(spec: TwoViews, height: int, width: int, rng: random.Random) -> tuple[ViewDraws, ViewDraws]:
+    """Views 1 and 2's choices. View 1: blur p 1.0 (0 without `spec.blur`), no solarize; view 2: blur p 0.1 (0),
+    solarize p 0.2."""
+    view1 = draw_view(rng, height, width, spec, p_blur=1.0 if spec.blur else 0.0, p_solarize=0.0)
+    view2 = draw_view(rng, height, width, spec, p_blur=0.1 if spec.blur else 0.0, p_solarize=0.2)
+    return view1, view2
 
 
 def two_views(
@@ -288,14 +396,22 @@ def two_views(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Views 1 and 2 of sample `index` in `epoch`: a pure function of (image, spec, seed, epoch, index).
 
-    View 1: blur p 1.0 (0 without `spec.blur`), no solarize; view 2: blur p 0.1 (0), solarize p 0.2. Order as in
-    main_moco.py: crop, jitter, grey, blur, solarize, flip, then normalise.
+    Order as in main_moco.py: crop, jitter, grey, blur, solarize, flip, then normalise (`two_view_draws`).
     """
-    (word,) = draw_words(seed, epoch, index, num_words=1)
-    rng = random.Random(word)
-    view1 = one_view(img_CHW, rng, spec, p_blur=1.0 if spec.blur else 0.0, p_solarize=0.0)
-    view2 = one_view(img_CHW, rng, spec, p_blur=0.1 if spec.blur else 0.0, p_solarize=0.2)
-    return view1, view2
+    draws = two_view_draws(spec, img_CHW.shape[-2], img_CHW.shape[-1], view_rng(seed, epoch, index))
+    views = [adjust_view(crop_to_unit_float(img_CHW, *d.box, spec.image_size), d, spec) for d in draws]
+    return views[0], views[1]
+
+
+def two_view_crops(
+    img_CHW: torch.Tensor, spec: TwoViews, *, seed: int, epoch: int, index: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`two_views` stopped after the crops: (crop 1, draws 1, crop 2, draws 2), each crop (3, S, S) on the image's
+    pixels (uint8 for uint8 images), each draws float64 (`VIEW_DRAW_FIELDS`,) for `batch_views.adjust_views`."""
+    draws = two_view_draws(spec, img_CHW.shape[-2], img_CHW.shape[-1], view_rng(seed, epoch, index))
+    crop1, crop2 = (view_crop(img_CHW, d, spec.image_size) for d in draws)
+    row1, row2 = (torch.tensor(d.row(), dtype=torch.float64) for d in draws)
+    return crop1, row1, crop2, row2
 
 
 def pad_crop_flip_draws(seed: int, epoch: int, index: int, *, padding: int = CROP_PADDING) -> tuple[int, int, bool]:

@@ -7,6 +7,9 @@ else: devices, precision, accumulation, DDP, clipping, schedules, checkpoints, l
                                 averaged copies to keep (`WeightAverage`); touches no data, so a planner can build the
                                 models and trace a step on fake tensors
     build_data(parts, device) -> the training `Dataset` of `Batch`es (may use the frozen models, e.g. a token cache)
+    on each loader batch once it is on the device (before the precision mode's input cast):
+        prepare_batch(batch)   -> the batch the steps see (batched augmentation on the device: MoCo's
+                                --augment-device); default: the batch as it is
     per optimizer step, per active phase:
         first_pass(models, micro_batches, phase, info) where `has_first_pass(phase, info)`: sees every micro-batch
                                 of the step before the first train_step (MoCo's keys of the whole optimizer batch)
@@ -371,6 +374,11 @@ class Recipe(ABC, Generic[ConfigT]):
     @abstractmethod
     def example_batch(self, batch_size: int) -> Batch:
         """A batch of `batch_size` samples with the shapes and dtypes of real ones (CPU, no data read)."""
+
+    def prepare_batch(self, batch: Batch) -> Batch:
+        """A loader batch on the device, before the precision cast: what `first_pass` and `train_step` see. It must
+        be a function of the batch alone (a phase or a first pass that replays a micro-batch prepares it again)."""
+        return batch
 
     @abstractmethod
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:

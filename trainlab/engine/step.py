@@ -111,8 +111,9 @@ class StepRunner:
         return [p for n in phase.modules for p in self.models[n].parameters() if p.requires_grad]
 
     def to_device(self, raw: Any) -> Batch:
-        """A loader batch on the device, cast for the precision mode (pure 16-bit modes cast float inputs)."""
-        batch: Batch = self.precision.cast_input(move_to(raw, self.device))
+        """A loader batch on the device, prepared by the recipe (`Recipe.prepare_batch`), cast for the precision
+        mode (pure 16-bit modes cast float inputs)."""
+        batch: Batch = self.precision.cast_input(self.recipe.prepare_batch(move_to(raw, self.device)))
         return batch
 
     def run(self, iterator: Iterator[Any], info: StepInfo) -> dict[str, float]:

@@ -37,6 +37,7 @@ from torch.utils.data import Dataset
 import trainlab.models.moco.batch_keys as moco_batch_keys
 from trainlab import dist
 from trainlab.config import option
+from trainlab.data.batch_views import adjust_views
 from trainlab.data.config import (
     DataConfig,
     DataKind,
@@ -94,6 +95,13 @@ class MocoConfig(TrainConfig):
         0.08, "smallest RandomResizedCrop area fraction (official --crop-min: R50 0.2, ViT 0.08)", gt=0, le=1
     )
     blur: bool = option(True, "Gaussian blur p 1.0 / 0.1 on the views (off for CIFAR-size images)")
+    augment_device: str = option(
+        "cpu",
+        "where the views' colour jitter, greyscale, blur, solarize and flip run: cpu (the loader workers, per image) "
+        "or cuda (the run's GPU, batched: the workers crop, resize and draw, the 8-bit crops are copied); the same "
+        "draws either way",
+        metavar="cpu|cuda|cuda:N",
+    )
     projection_dim: int = option(256, "output width of projector and predictor (official --moco-dim)", ge=1)
     mlp_hidden_dim: int = option(4096, "hidden width of projector and predictor (official --moco-mlp-dim)", ge=1)
     temperature: float = option(1.0, "softmax temperature (official --moco-t: ResNet 1.0, ViT 0.2)", gt=0)
@@ -133,6 +141,23 @@ class MocoConfig(TrainConfig):
         check_image_size(self.data.kind, self.image_size)
         check_vit_image_size(self.model, self.image_size)
         check_knn_k(self.knn_k, "--knn-k", self.data.kind, self.data.eval_limit)
+        check_augment_device(self.augment_device, self.device)
+
+
+def check_augment_device(augment_device: str, device: str) -> None:
+    """Refuse an --augment-device that is not the CPU or a CUDA device this machine has, or a GPU for a CPU run.
+
+    Raises:
+        UsageError: one line naming the value and the fix.
+    """
+    if augment_device == "cpu":
+        return
+    if augment_device != "cuda" and not (augment_device.startswith("cuda:") and augment_device[5:].isdigit()):
+        raise UsageError(f"unknown --augment-device {augment_device!r}; use cpu, cuda or cuda:N (the run's GPU)")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--augment-device {augment_device} needs a CUDA GPU and none is visible; use cpu")
+    if device == "cpu":
+        raise UsageError(f"--augment-device {augment_device} with --device cpu; use --augment-device cpu")
 
 
 def check_knn_k(k: int, k_flag: str, kind: str | None, eval_limit: int) -> None:
@@ -194,7 +219,10 @@ def _unwrap(model: nn.Module) -> MoCo:
 class MocoRecipe(Recipe[MocoConfig]):
     name = "moco"
     config_class = MocoConfig
-    resume_may_change = ("data.root", "knn_k", "knn_temperature", "data.eval_limit", "eval_batch_size")  # kNN monitor
+    resume_may_change = (
+        *("data.root", "knn_k", "knn_temperature", "data.eval_limit", "eval_batch_size"),  # the kNN monitor
+        "augment_device",  # the same draws, float rounding apart
+    )
 
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
@@ -202,6 +230,8 @@ class MocoRecipe(Recipe[MocoConfig]):
         self._step_keys: moco_batch_keys.OptimizerBatchKeys | None = (
             None  # full-batch keys of the current optimizer step
         )
+        self.batched_views = config.augment_device != "cpu"  # the views finished in `prepare_batch`
+        self._views: TwoViews | None = None
 
     def build(self, device: torch.device) -> TrainParts:
         c = self.config
@@ -228,10 +258,22 @@ class MocoRecipe(Recipe[MocoConfig]):
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
         mean, std = normalisation(c.data.kind)
-        views = TwoViews(image_size=c.image_size, crop_min=c.crop_min, blur=c.blur, mean=mean, std=std)
+        if c.augment_device != "cpu" and (device.type != "cuda" or c.augment_device not in ("cuda", str(device))):
+            raise UsageError(f"--augment-device {c.augment_device} is not the run's device {device}; use cuda or cpu")
+        views = TwoViews(
+            image_size=c.image_size, crop_min=c.crop_min, blur=c.blur, mean=mean, std=std, deferred=self.batched_views
+        )
+        self._views = views
         train = open_split(c.data, "train", views, seed=c.seed)
         assert train is not None
         return train.images
+
+    def prepare_batch(self, batch: Batch) -> Batch:
+        """--augment-device cuda: the views' adjustments, batched on the device (`trainlab.data.batch_views`)."""
+        if not self.batched_views:
+            return batch
+        assert self._views is not None, "build_data did not run"
+        return adjust_views(batch, self._views)
 
     def example_batch(self, batch_size: int) -> Batch:
         s = self.config.image_size
