@@ -13,8 +13,11 @@ Pipelines (official: written from the published transform lists with torchvision
 the official code runs them; trainlab: the dataset its recipe builds):
   moco     official main_moco.py: ImageFolder(TwoCropsTransform(augmentation1, augmentation2)) with
            moco/loader.py's PIL GaussianBlur and Solarize, crop-min 0.08; trainlab `FolderTwoViews` (TwoViews 224)
+  moco-deferred  the same official pipeline; trainlab `FolderTwoViews` with `TwoViews(deferred=True)`: the loader
+           workers' share under `trainlab train moco --augment-device cuda` (crops resized on 8-bit pixels and the
+           draws; the jitter, greyscale, blur, solarize and flip then run batched on the GPU, not timed here)
   var      official VAR build_dataset: Resize(288, LANCZOS), RandomCrop(256), ToTensor, x -> 2x - 1; trainlab
-           `ImageFolderDataset` (image side 256, random crop)
+           `ImageFolderDataset` (image side 256, random crop; only the crop is resampled, `lanczos_resize_crop`)
   lincls   official main_lincls.py train: RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize;
            trainlab `ResizedCropFolder` (train)
   cifar    official CIFAR-10 recipe on the arrays (as torchvision's CIFAR10 returns them: Image.fromarray):
@@ -57,7 +60,7 @@ from trainlab.data.resized_crops import ResizedCropFolder
 from trainlab.data.ssl_views import FolderTwoViews
 from trainlab.data.transforms import IMAGENET_MEAN, IMAGENET_STD, TwoViews
 
-PIPELINES = ("moco", "var", "lincls", "cifar")
+PIPELINES = ("moco", "moco-deferred", "var", "lincls", "cifar")
 SIZES = [(500, 375)] * 4 + [(375, 500)] * 2 + [(500, 333), (333, 500), (640, 480), (1024, 768)]
 
 
@@ -188,6 +191,9 @@ def build_pair(name: str, folder: Path, cifar_NHW3: np.ndarray) -> tuple[Any, An
     labels = [i % 10 for i in range(len(cifar_NHW3))]
     if name == "moco":
         return official_moco(folder), FolderTwoViews(folder, TwoViews(image_size=224, crop_min=0.08), seed=0)
+    if name == "moco-deferred":
+        views = TwoViews(image_size=224, crop_min=0.08, deferred=True)
+        return official_moco(folder), FolderTwoViews(folder, views, seed=0)
     if name == "var":
         return official_var(folder), ImageFolderDataset(folder, image_size=256, train=True, seed=0)
     if name == "lincls":
@@ -227,7 +233,7 @@ def measure(names: list[str], folder: Path, cifar_NHW3: np.ndarray, args: argpar
                 rates[name][side].append(got[side])
             rates[name]["ratio"].append(got["trainlab"] / got["official"])
             print(
-                f"round {r + 1}/{args.rounds} {name:7s} official {got['official']:8.1f}/s  trainlab "
+                f"round {r + 1}/{args.rounds} {name:13s} official {got['official']:8.1f}/s  trainlab "
                 f"{got['trainlab']:8.1f}/s  ratio {got['trainlab'] / got['official']:.2f}",
                 flush=True,
             )
@@ -278,10 +284,10 @@ def main() -> None:
             print(profile(args.profile, folder, cifar_NHW3, args.seconds))
             return
         results = measure(names, folder, cifar_NHW3, args)
-    print(f"\n{'pipeline':8s} {'official/s':>11s} {'trainlab/s':>11s} {'ratio':>6s}   (one thread, medians)")
+    print(f"\n{'pipeline':13s} {'official/s':>11s} {'trainlab/s':>11s} {'ratio':>6s}   (one thread, medians)")
     for name, r in results.items():
         print(
-            f"{name:8s} {r['official_samples_per_second']:11.1f} {r['trainlab_samples_per_second']:11.1f} "
+            f"{name:13s} {r['official_samples_per_second']:11.1f} {r['trainlab_samples_per_second']:11.1f} "
             f"{r['ratio']:6.2f}"
         )
     write_result(

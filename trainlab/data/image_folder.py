@@ -417,5 +417,6 @@ class ImageFolderDataset(Dataset[dict[str, torch.Tensor]]):
             "crop": self.crop,
             "flip": self.flip,
             "jpeg_decode": "reduced-dct",  # large JPEGs decoded at 1/2, 1/4 or 1/8 scale (`_read`)
+            "resize": "crop-box",  # only the crop is resampled (`pixel_ops.lanczos_resize_crop`)
             **limited,
         }

@@ -104,5 +104,5 @@ class ResizedCropFolder(ImageFolderDataset):
 
     def describe(self) -> dict[str, Any]:
         """What identifies this dataset's content and transform."""
-        content = {k: v for k, v in super().describe().items() if k not in ("crop", "flip", "jpeg_decode")}
+        content = {k: v for k, v in super().describe().items() if k not in ("crop", "flip", "jpeg_decode", "resize")}
         return {**content, "transform": "random_resized_crop_flip" if self.train else "resize_center_crop"}
