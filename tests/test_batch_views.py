@@ -114,6 +114,17 @@ def test_augment_device_cuda_without_cuda_is_one_line(tmp_path: Path, capsys: py
     assert err[-1].endswith("--augment-device cuda needs a CUDA GPU and none is visible; use cpu")
 
 
-def test_an_unknown_augment_device_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "moco", "--augment-device", "gpu", "--run-dir", str(tmp_path / "r")]) == 2
-    assert "unknown --augment-device 'gpu'; use cpu, cuda or cuda:N" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--augment-device", "gpu"], "unknown --augment-device 'gpu'; use cpu, cuda or cuda:N (the run's GPU)"),
+        (["--augment-device", "cuda:x"], "unknown --augment-device 'cuda:x'; use cpu, cuda or cuda:N"),
+        (["--augment-device", "cuda", "--device", "cpu"], "--augment-device cuda with --device cpu; use"),
+    ],
+)
+def test_an_unusable_augment_device_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    assert main(["train", "moco", *argv, "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert words in err[-1]

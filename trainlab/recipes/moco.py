@@ -145,19 +145,30 @@ class MocoConfig(TrainConfig):
 
 
 def check_augment_device(augment_device: str, device: str) -> None:
-    """Refuse an --augment-device that is not the CPU or a CUDA device this machine has, or a GPU for a CPU run.
+    """Refuse an --augment-device that is not the CPU or a CUDA device, or a GPU for a --device cpu run (whether this
+    machine has CUDA is checked when the run starts, `MocoRecipe.build_data`: a plan may be made without it).
 
     Raises:
         UsageError: one line naming the value and the fix.
     """
-    if augment_device == "cpu":
-        return
-    if augment_device != "cuda" and not (augment_device.startswith("cuda:") and augment_device[5:].isdigit()):
+    index = augment_device.removeprefix("cuda:")
+    if augment_device not in ("cpu", "cuda") and not (index != augment_device and index.isdigit()):
         raise UsageError(f"unknown --augment-device {augment_device!r}; use cpu, cuda or cuda:N (the run's GPU)")
+    if augment_device != "cpu" and device == "cpu":
+        raise UsageError(f"--augment-device {augment_device} with --device cpu; use --augment-device cpu")
+
+
+def check_views_device(augment_device: str, device: torch.device) -> None:
+    """Refuse batched views on a device other than the run's CUDA device (no CUDA here, a CPU run, another GPU).
+
+    Raises:
+        UsageError: one line naming the value and the fix.
+    """
+    if augment_device == "cpu" or (device.type == "cuda" and augment_device in ("cuda", str(device))):
+        return
     if not torch.cuda.is_available():
         raise UsageError(f"--augment-device {augment_device} needs a CUDA GPU and none is visible; use cpu")
-    if device == "cpu":
-        raise UsageError(f"--augment-device {augment_device} with --device cpu; use --augment-device cpu")
+    raise UsageError(f"--augment-device {augment_device} is not the run's device {device}; use cuda or cpu")
 
 
 def check_knn_k(k: int, k_flag: str, kind: str | None, eval_limit: int) -> None:
@@ -258,8 +269,7 @@ class MocoRecipe(Recipe[MocoConfig]):
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config
         mean, std = normalisation(c.data.kind)
-        if c.augment_device != "cpu" and (device.type != "cuda" or c.augment_device not in ("cuda", str(device))):
-            raise UsageError(f"--augment-device {c.augment_device} is not the run's device {device}; use cuda or cpu")
+        check_views_device(c.augment_device, device)
         views = TwoViews(
             image_size=c.image_size, crop_min=c.crop_min, blur=c.blur, mean=mean, std=std, deferred=self.batched_views
         )
