@@ -5,6 +5,7 @@ with persistent workers across epochs and a resume."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,11 @@ def _config(run_dir: Path, **kw: object) -> MocoConfig:
     return dataclasses.replace(cfg, run_dir=run_dir, tensorboard=False, progress=False, **kw)  # type: ignore[arg-type]
 
 
-def test_the_engine_loader_gets_the_options(tmp_path: Path) -> None:
-    trainer = Trainer(MocoRecipe(_config(tmp_path, num_workers=2, prefetch_factor=3)))
+def test_the_engine_loader_gets_the_options(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="trainlab.engine.loop"):
+        trainer = Trainer(MocoRecipe(_config(tmp_path, num_workers=2, prefetch_factor=3)))
+    wanted = "training loader: 2 workers (persistent, 3 batches ahead each), pinned memory off"
+    assert wanted in caplog.messages
     assert trainer.loader.num_workers == 2
     assert trainer.loader.persistent_workers
     assert trainer.loader.prefetch_factor == 3
