@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ def _replace(config: Any, fields: dict[str, Any]) -> Any:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     recipe_name, run_dir, overrides = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
     stop_at_step = overrides.pop("stop_at_step", None)
     cls = get_recipe(recipe_name)

@@ -11,10 +11,13 @@ compared are the logged ones (the mean over ranks of each rank's loss, per optim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import random
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,8 @@ RUN = str(REPO / "tests" / "fsdp_run.py")
 TOLERANCE = 1e-5
 
 
-def _train(python: str, env: dict[str, str], recipe: str, run_dir: Path, processes: int, **overrides: Any) -> None:
+def _train(python: str, env: dict[str, str], recipe: str, run_dir: Path, processes: int, **overrides: Any) -> str:
+    """Train in `processes` processes; returns the log."""
     launch = [python] if processes == 1 else [python, "-m", "torch.distributed.run", "--standalone"]
     launch += [] if processes == 1 else ["--nproc-per-node", str(processes)]
     done = subprocess.run(
@@ -44,6 +48,7 @@ def _train(python: str, env: dict[str, str], recipe: str, run_dir: Path, process
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -120,7 +125,9 @@ def test_toy_two_processes_sharded_equal_one_process_and_resume_in_one(
     checkpoint holds whole tensors and resumes in 1 process to the same end (12 steps)."""
     one, two = tmp_path / "one", tmp_path / "two"
     _train(python, run_env, "toy", one, 1, **TOY)
-    _train(python, run_env, "toy", two, 2, **TOY, stop_at_step=5)
+    log = _train(python, run_env, "toy", two, 2, **TOY, stop_at_step=5)
+    assert "fsdp: model sharded over 2 processes: as one unit" in log
+    assert "parameters resharded after forward: yes; CPU offload: no" in log
     _assert_close(_losses(two), _losses(one)[:5])
     assert all(type(v) is torch.Tensor for v in _weights(two).values())
     _train(python, run_env, "toy", two, 1, **TOY)
@@ -177,3 +184,78 @@ def test_moco_vit_two_processes_sharded_equal_one_process(tmp_path: Path, python
     _train(python, run_env, "moco", two, 2, **moco)
     _assert_close(_losses(two), _losses(one))
     _assert_weights_close(_weights(two), _weights(one), skip="running_")
+
+
+@pytest.mark.slow
+def test_var_checkpoint_of_one_process_resumes_sharded_in_two(
+    tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    """1 -> 2: a checkpoint of an unsharded 1-process run continues sharded in 2 processes, equal within tolerance."""
+    one, moved = tmp_path / "one", tmp_path / "moved"
+    _train(python, run_env, "var", one, 1, **VAR)
+    _train(python, run_env, "var", moved, 1, **{**VAR, "fsdp": False}, stop_at_step=10)
+    _train(python, run_env, "var", moved, 2, **VAR)
+    _assert_close(_losses(moved)[10:], _losses(one)[10:])
+    _assert_weights_close(_weights(moved), _weights(one))
+
+
+def _kill_all(launcher: subprocess.Popen[str]) -> None:
+    """SIGKILL the torchrun parent and its workers at once (a machine lost), and wait for every one."""
+    import psutil
+
+    procs = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=60)
+    launcher.wait()
+
+
+@pytest.mark.slow
+def test_chaos_under_fsdp_ends_with_the_uninterrupted_weights(
+    tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    """A sharded 2-process toy run killed 4 times (every process SIGKILLed in the middle of a checkpoint write,
+    or the torchrun parent SIGKILLed at a random time: its workers save and stop), relaunched each time: every
+    checkpoint on disk loads after every kill, and the finished run equals an uninterrupted one bit for bit."""
+    import psutil
+    from test_engine_chaos import ARGS, _equal
+
+    launch = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainlab"]
+    args = [*ARGS, "--fsdp"]
+    reference, run = tmp_path / "reference", tmp_path / "chaos"
+    done = subprocess.run([*launch, *args, "--run-dir", str(reference)], env=run_env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rng, ckpt, during_write = random.Random(3), run / "ckpt", 0
+    for i in range(4):
+        launcher = subprocess.Popen(
+            [*launch, *args, "--run-dir", str(run)],
+            env=run_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        if i % 2 == 0:
+            end = time.monotonic() + 60
+            while (
+                launcher.poll() is None and time.monotonic() < end and not (ckpt.is_dir() and any(ckpt.glob(".*.tmp")))
+            ):
+                time.sleep(0.0005)
+            if launcher.poll() is None:
+                during_write += 1
+            _kill_all(launcher)
+        else:
+            time.sleep(rng.uniform(6.0, 10.0))  # start-up of torchrun and two workers takes ~5 s
+            workers = psutil.Process(launcher.pid).children(recursive=True)
+            launcher.kill()
+            launcher.wait()
+            psutil.wait_procs(workers, timeout=60)
+        for path in sorted(ckpt.glob("*.pt")) if ckpt.is_dir() else []:
+            load_checkpoint(path)
+    assert during_write >= 1, "no kill landed inside a checkpoint write"
+    final = subprocess.run([*launch, *args, "--run-dir", str(run)], env=run_env, capture_output=True, text=True)
+    assert final.returncode == 0, final.stderr[-2000:]
+    ours, ref = load_checkpoint(ckpt / "last.pt"), load_checkpoint(reference / "ckpt" / "last.pt")
+    assert ours["step"] == ref["step"] == 36
+    for key in ("models", "optimizers", "schedulers", "rng_per_rank", "best_score", "best_step", "recipe_state"):
+        assert _equal(ours[key], ref[key]), key

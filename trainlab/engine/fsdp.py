@@ -161,12 +161,12 @@ def shard_run(
         )
     if not sharding.templates:
         return None
-        log.info(
-            "fsdp: %s; parameters resharded after forward: %s; CPU offload: %s",
-            describe_policy(policy),
-            "yes" if reshard_after_forward else "no (kept gathered until backward)",
-            "parameters, gradients and optimizer states on the host" if cpu_offload else "no",
-        )
+    log.info(
+        "fsdp: %s; parameters resharded after forward: %s; CPU offload: %s",
+        describe_policy(policy),
+        "yes" if reshard_after_forward else "no (kept gathered until backward)",
+        "parameter, gradient and optimizer-state shards on the host" if cpu_offload else "no",
+    )
     return sharding
 
 
