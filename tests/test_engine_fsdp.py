@@ -259,3 +259,16 @@ def test_chaos_under_fsdp_ends_with_the_uninterrupted_weights(
     assert ours["step"] == ref["step"] == 36
     for key in ("models", "optimizers", "schedulers", "rng_per_rank", "best_score", "best_step", "recipe_state"):
         assert _equal(ours[key], ref[key]), key
+
+
+@pytest.mark.slow
+def test_toy_checkpoint_of_two_processes_resumes_sharded_in_four(
+    tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    """2 -> 4: the shards are cut anew from the whole tensors; the data order continues (global batch 16)."""
+    one, moved = tmp_path / "one", tmp_path / "moved"
+    _train(python, run_env, "toy", one, 1, **TOY)
+    _train(python, run_env, "toy", moved, 2, **TOY, stop_at_step=5)
+    _train(python, run_env, "toy", moved, 4, **TOY)
+    _assert_close(_losses(moved), _losses(one))
+    _assert_weights_close(_weights(moved), _weights(one))
