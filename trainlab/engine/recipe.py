@@ -173,6 +173,17 @@ class TrainConfig:
         gt=0,
         le=86400,
     )
+    fsdp: bool = option(
+        False,
+        "under torchrun, shard each trained model's parameters, gradients and optimizer states over the processes "
+        "(FSDP2, block by block; one process: no-op); checkpoints stay whole and resume on any number of processes",
+    )
+    fsdp_reshard_after_forward: bool = option(
+        True, "--fsdp: free each block's gathered parameters after its forward (gathered again for backward)"
+    )
+    fsdp_cpu_offload: bool = option(
+        False, "--fsdp: keep the parameter, gradient and optimizer-state shards in host memory (CUDA runs)"
+    )
     activation_checkpointing: bool = option(
         False, "recompute activations in backward instead of keeping them (less memory, one more forward per block)"
     )
@@ -202,6 +213,24 @@ class TrainConfig:
         self.loader_options(None if self.device == "auto" else self.device.split(":")[0])
         self.optim.validate()
         self._check_optimizer_numbers()
+        self._check_fsdp()
+
+    def _check_fsdp(self) -> None:
+        """What `--fsdp` cannot combine with yet, refused before anything is built."""
+        if not self.fsdp:
+            changed = ["--fsdp-reshard-after-forward false"] if not self.fsdp_reshard_after_forward else []
+            changed += ["--fsdp-cpu-offload"] if self.fsdp_cpu_offload else []
+            if changed:
+                raise UsageError(f"{changed[0]} only applies with --fsdp: add --fsdp or drop it")
+            return
+        if self.compile:
+            raise UsageError("--compile with --fsdp is not built yet: drop --compile (or --fsdp)")
+        if self.precision in ("fp16", "bf16", "fp16-scale"):
+            raise UsageError(
+                f"--precision {self.precision} (pure 16-bit weights) with --fsdp is not built yet: use "
+                f"--precision {'bf16-amp' if self.precision == 'bf16' else 'fp16-amp-scale'} (fp32 weight shards, "
+                "16-bit compute)"
+            )
 
     def loader_options(self, device_type: str | None) -> LoaderOptions:
         """The training loader's settings on `device_type` (`trainlab.data.loader_options`; None: not known yet).
@@ -283,12 +312,19 @@ class TrainParts:
         frozen: models used but never updated (moved to the device, eval mode, no gradients, not checkpointed).
         averaged: averaged copies the engine keeps of trained models, by the copy's name (`engine.ema`; e.g.
             {"var_ema": WeightAverage(follows="var", decay=0.9999)}). Names are unique across the three slots.
+        shard_units: per trained model's name, its blocks: the submodules `--fsdp` shards one by one (each is
+            all-gathered whole for its forward and backward) before the rest of the model goes in one last unit
+            (the root). A missing or empty entry: the root only. Name the repeated blocks (transformer blocks,
+            ResNet stages), in forward order; a unit may hold units named before it (it then owns the parameters
+            they do not hold: name a submodule the recipe calls on its own, outside the model's forward, this way).
+            An averaged copy is sharded like the model it follows.
     """
 
     models: dict[str, nn.Module]
     phases: list[Phase]
     frozen: dict[str, nn.Module] = field(default_factory=dict)
     averaged: dict[str, WeightAverage] = field(default_factory=dict)
+    shard_units: dict[str, list[nn.Module]] = field(default_factory=dict)
 
 
 ConfigT = TypeVar("ConfigT", bound=TrainConfig)
