@@ -19,6 +19,7 @@ from trainlab.memory.gpus import GPU_PROFILES, gpu_profile
 from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
 if TYPE_CHECKING:
+    from trainlab.memory.fsdp_memory import FsdpMemory, FsdpSettings
     from trainlab.memory.hand_formula import HandEstimate
     from trainlab.memory.planner import Plan
 
@@ -47,6 +48,11 @@ class PlanOptions:
     )
     gpus: int = option(1, "GPUs (processes) sharing the global batch, as under `trainlab launch`", metavar="N", ge=1)
     json: bool = option(False, "print the plan as JSON instead of the table")
+    fsdp: bool = option(False, "plan FSDP2 (`--fsdp`): parameters, gradients and optimizer states sharded over --gpus")
+    fsdp_reshard_after_forward: bool = option(True, "with --fsdp: free each block's gathered weights after forward")
+    fsdp_cpu_offload: bool = option(
+        False, "with --fsdp: sharded parameters, gradients and optimizer states on the host"
+    )
 
 
 def plan_help(recipe: str) -> str:
@@ -103,7 +109,7 @@ def take_options(cls: type[T], argv: list[str]) -> tuple[T, list[str]]:
     values: dict[str, Any] = {}
     rest = list(argv)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        rest, value = _take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
+        rest, value = _take_flag(rest, "--" + f.name.replace("_", "-"), is_switch=f.type in (bool, "bool"))
         if value is not None:
             values[f.name] = value
     return from_dict(cls, values), rest
@@ -143,7 +149,10 @@ def main(argv: list[str]) -> int:
     if gpu is not None and device_type != "cuda":
         raise UsageError("--gpu plans for a CUDA device; drop --device cpu (or drop --gpu)")
     recipe = recipe_cls(config)
-    result = plan(recipe, PlanRequest(device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=options.gpus))
+    request = PlanRequest(
+        device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=options.gpus, fsdp=fsdp_settings(options)
+    )
+    result = plan(recipe, request)
     hand = _hand(recipe, result)
     if options.json:
         print(json.dumps(to_json(result, hand), indent=2))
@@ -157,6 +166,25 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def fsdp_settings(options: PlanOptions) -> FsdpSettings | None:
+    """`--fsdp` and its options as planned (None: no --fsdp); on one GPU `--fsdp` is a no-op, said on stderr.
+
+    Raises:
+        UsageError: an FSDP option without --fsdp.
+    """
+    from trainlab.memory.fsdp_memory import FsdpSettings
+
+    if not options.fsdp:
+        if options.fsdp_cpu_offload:
+            raise UsageError("--fsdp-cpu-offload offloads FSDP's shards: add --fsdp (and --gpus N), or drop it")
+        return None
+    if options.gpus == 1:
+        print(
+            "--fsdp with --gpus 1 is a no-op (one process keeps the whole model): planned without it", file=sys.stderr
+        )
+    return FsdpSettings(options.gpus, options.fsdp_reshard_after_forward, options.fsdp_cpu_offload)
 
 
 def _hand(recipe: Any, result: Plan) -> HandEstimate:
@@ -220,6 +248,8 @@ def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
         "hand_estimate_bytes": [hand.low_bytes, hand.high_bytes],
         "notes": result.notes,
     }
+    if result.fsdp is not None:
+        out["fsdp"] = dataclasses.asdict(result.fsdp)
     if result.gpu is not None:
         out.update(
             gpu=result.gpu.name,
@@ -234,6 +264,17 @@ def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
             ],
         )
     return out
+
+
+def _fsdp_rows(m: FsdpMemory) -> list[str]:
+    from trainlab.memory.fsdp_memory import breakdown_rows
+
+    lines = [f"{f'FSDP2 rank of {m.world} ({m.units} shard units)':<40}{'bytes':>16}"]
+    lines += [f"  {label:<38}{_gib(value):>16}" for label, value in breakdown_rows(m)]
+    lines.append(f"{'peak of live tensors on one rank':<40}{_gib(m.peak_bytes):>16}")
+    if m.host_bytes:
+        lines.append(f"  (--fsdp-cpu-offload: {_gib(m.host_bytes)} of shards on the host, not on the GPU)")
+    return lines
 
 
 def render(result: Plan, hand: HandEstimate) -> str:
@@ -261,6 +302,8 @@ def render(result: Plan, hand: HandEstimate) -> str:
         ("autocast weight copies", p["autocast_copies"]),
     ]
     lines += [f"  {label:<38}{_gib(value):>16}" for label, value in rows]
+    if result.fsdp is not None:
+        lines += _fsdp_rows(result.fsdp)
     lines.append(
         f"{'peak of live tensors' + (' (512 B blocks)' if cuda else ''):<40}{_gib(b.peak_allocated_bytes):>16}"
     )
