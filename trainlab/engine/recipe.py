@@ -255,12 +255,17 @@ class TrainParts:
         frozen: models used but never updated (moved to the device, eval mode, no gradients, not checkpointed).
         averaged: averaged copies the engine keeps of trained models, by the copy's name (`engine.ema`; e.g.
             {"var_ema": WeightAverage(follows="var", decay=0.9999)}). Names are unique across the three slots.
+        shard_units: per trained model's name, its blocks: the submodules `--fsdp` shards one by one (each is
+            all-gathered whole for its forward and backward) before the rest of the model goes in one last unit
+            (the root). A missing or empty entry: the root only. Name the repeated blocks (transformer blocks,
+            ResNet stages), in forward order; an averaged copy is sharded like the model it follows.
     """
 
     models: dict[str, nn.Module]
     phases: list[Phase]
     frozen: dict[str, nn.Module] = field(default_factory=dict)
     averaged: dict[str, WeightAverage] = field(default_factory=dict)
+    shard_units: dict[str, list[nn.Module]] = field(default_factory=dict)
 
 
 ConfigT = TypeVar("ConfigT", bound=TrainConfig)

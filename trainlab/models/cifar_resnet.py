@@ -65,6 +65,10 @@ class CifarResNet(nn.Module):
         self.fc: nn.Module = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.grad_checkpointing = False  # see `set_grad_checkpointing`
 
+    def shard_units(self) -> list[nn.Module]:
+        """The blocks `--fsdp` shards one by one (`TrainParts.shard_units`): the four stages."""
+        return [self.layer1, self.layer2, self.layer3, self.layer4]
+
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         """Recompute each stage in backward instead of keeping its activations (training with gradients only;
         BatchNorm statistics are updated once, as without)."""

@@ -28,6 +28,7 @@ from trainlab.dtypes import at_least_float32
 from trainlab.engine.metrics import progress
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts
 from trainlab.engine.schedule import ScheduleConfig
+from trainlab.models.cifar_resnet import CifarResNet
 from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
 from trainlab.models.registry import create_model
 from trainlab.optim.config import OptimConfig
@@ -86,7 +87,10 @@ class CifarRecipe(Recipe[CifarConfig]):
         c = self.config
         model = create_model(c.model, num_classes=10).to(device)
         optimizer = c.optim.build(model.parameters(), batch_size=c.batch_size, device=device)
-        return TrainParts(models={"model": model}, phases=[Phase("main", optimizer, ["model"])])
+        units = model.shard_units() if isinstance(model, CifarResNet) else []  # VGG: one unit, the root
+        return TrainParts(
+            models={"model": model}, phases=[Phase("main", optimizer, ["model"])], shard_units={"model": units}
+        )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config

@@ -223,7 +223,11 @@ class MocoRecipe(Recipe[MocoConfig]):
         model = model.to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = c.optim.build(params, batch_size=c.batch_size, device=device)
-        return TrainParts(models={"moco": model}, phases=[Phase("main", optimizer, ["moco"])])
+        return TrainParts(
+            models={"moco": model},
+            phases=[Phase("main", optimizer, ["moco"])],
+            shard_units={"moco": _unwrap(model).shard_units()},
+        )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:
         c = self.config

@@ -314,6 +314,7 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             phases=[Phase("generator", opt_g, ["vqvae"]), Phase("discriminator", opt_d, ["discriminator"])],
             frozen=frozen,
             averaged=averaged,
+            shard_units={"vqvae": vqvae.shard_units()},
         )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:

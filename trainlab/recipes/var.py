@@ -367,6 +367,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
             phases=[Phase("main", optimizer, ["var"])],
             frozen={"tokenizer": tokenizer},
             averaged=averaged,
+            shard_units={"var": var.shard_units()},
         )
 
     def build_data(self, parts: TrainParts, device: torch.device) -> Dataset[Batch]:

@@ -135,6 +135,12 @@ class MoCo(nn.Module):
             supported = set_grad_checkpointing(encoder, enabled)
             assert supported, f"{type(encoder).__name__} has no set_grad_checkpointing"
 
+    def shard_units(self) -> list[nn.Module]:
+        """The blocks `--fsdp` shards one by one (`TrainParts.shard_units`): each ViT block or ResNet stage of the
+        base encoder, then the same of the momentum encoder (sharded alike, its momentum update runs on the local
+        shards)."""
+        return encoder_blocks(self.base_encoder) + encoder_blocks(self.momentum_encoder)
+
     def update_momentum_encoder(self, momentum: float) -> None:
         """theta_k <- m * theta_k + (1 - m) * theta_q (parameters only)."""
         momentum_update_(self.base_encoder, self.momentum_encoder, momentum)
@@ -164,6 +170,14 @@ class MoCo(nn.Module):
     def features(self, x_BCHW: torch.Tensor) -> torch.Tensor:
         """Backbone features (B, F) of the base encoder (before the projector): what kNN and linear probes read."""
         return backbone_features(self.base_encoder, x_BCHW)
+
+
+def encoder_blocks(encoder: nn.Module) -> list[nn.Module]:
+    """A backbone's repeated blocks in forward order: a ViT's `blocks`, a ResNet's four stages."""
+    blocks = getattr(encoder, "blocks", None)
+    if isinstance(blocks, nn.Sequential | nn.ModuleList):
+        return list(blocks)
+    return [getattr(encoder, f"layer{i}") for i in range(1, 5)]
 
 
 def backbone_features(encoder: nn.Module, x_BCHW: torch.Tensor) -> torch.Tensor:

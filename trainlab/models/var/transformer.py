@@ -171,6 +171,10 @@ class VAR(nn.Module):
         self.head = nn.Linear(C, cfg.vocab_size)
         self.init_weights()
 
+    def shard_units(self) -> list[nn.Module]:
+        """The blocks `--fsdp` shards one by one (`TrainParts.shard_units`): the transformer blocks."""
+        return list(self.blocks)
+
     # --------------------------------------------------------------------------------------------------- init
     @torch.no_grad()
     def init_weights(

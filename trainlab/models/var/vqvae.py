@@ -150,6 +150,11 @@ class VQVAE(nn.Module):
         model.load_state_dict(state_dict)
         return model
 
+    def shard_units(self) -> list[nn.Module]:
+        """The blocks `--fsdp` shards one by one (`TrainParts.shard_units`): the encoder's resolution levels, then
+        the decoder's."""
+        return [*self.encoder.down, *self.decoder.up]
+
     def freeze(self) -> VQVAE:
         """Eval mode and `requires_grad=False` everywhere (how VAR uses its tokenizer). Returns self."""
         self.eval()
