@@ -1,8 +1,9 @@
 """One rank of a real FSDP2 run on CPU (torchrun, gloo): the measured peak of live tensor bytes, for the planner test.
 
-`fully_shard` per transformer block, then the root (FSDP2's defaults: reshard after forward, prefetch of the next
-block; fp32 everywhere), the engine's own set-up and `StepRunner` (one process's assembly, the modules replaced by
-their FSDP2 form and the optimizer's parameters by the sharded ones), the recipe's example batches.
+`fully_shard` per block the recipe names (`TrainParts.shard_units`), then the root (FSDP2's defaults: reshard
+after forward, prefetch of the next block; fp32 everywhere), the engine's own set-up and `StepRunner` (one
+process's assembly, the modules replaced by their FSDP2 form and the optimizer's parameters by the sharded ones),
+the recipe's example batches.
 
 Measured like the planner's other CPU tests, with one change: FSDP2 frees and re-allocates its gathered parameters
 by resizing their storages, so the live bytes are the sum of the current sizes of every storage seen so far that is
@@ -38,7 +39,6 @@ from trainlab.engine.debug import debug_run_config
 from trainlab.engine.precision import Precision
 from trainlab.engine.recipe import StepInfo, TrainParts
 from trainlab.engine.run_length import run_length
-from trainlab.memory.fsdp_memory import repeated_blocks
 from trainlab.recipes import get_recipe
 
 
@@ -86,8 +86,8 @@ def resident(models: dict[str, nn.Module], optimizers: list[torch.optim.Optimize
     return found
 
 
-def shard(model: nn.Module, reshard_after_forward: bool) -> None:
-    for block in repeated_blocks(model):
+def shard(model: nn.Module, blocks: list[nn.Module], reshard_after_forward: bool) -> None:
+    for block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward)
     fully_shard(model, reshard_after_forward=reshard_after_forward)
 
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> None:
             return model
         key = next(k for k, m in recipe_models.items() if m is model)
         names.update({id(p): (key, n) for n, p in model.named_parameters()})
-        shard(model, reshard_after_forward)
+        shard(model, recipe_units.get(key, []), reshard_after_forward)
         return model
 
     def after_build(parts: TrainParts, averaged: dict[str, nn.Module]) -> None:
@@ -118,11 +118,13 @@ def main(argv: list[str]) -> None:
                 group["params"] = [current[names[id(p)]] for p in group["params"]]
 
     recipe_models: dict[str, nn.Module] = {}
+    recipe_units: dict[str, list[nn.Module]] = {}
     original_build = recipe.build
 
     def build(device: torch.device) -> TrainParts:
         parts = original_build(device)
         recipe_models.update(parts.models)
+        recipe_units.update(parts.shard_units)
         return parts
 
     recipe.build = build  # type: ignore[method-assign]

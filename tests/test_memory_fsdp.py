@@ -19,7 +19,6 @@ from trainlab.memory.fsdp_memory import (
     fsdp_memory,
     gathered_working_set,
     model_units,
-    repeated_blocks,
     shard_rows,
 )
 from trainlab.memory.gpus import gpu_profile
@@ -62,18 +61,16 @@ def test_rows_are_padded_to_a_multiple_of_the_ranks() -> None:
     assert unit.sharded_bytes(4, element_size=2) == (3 * 3 + 2) * 2
 
 
-def test_blocks_are_the_module_lists_and_the_root_takes_the_rest() -> None:
+def test_each_named_block_is_a_unit_and_the_root_takes_the_rest() -> None:
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Linear(4, 8)
-            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.ModuleList([nn.Linear(8, 8)]))] * 1)
-            self.blocks.append(nn.Linear(8, 8))
+            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), nn.Linear(8, 8)])
             self.head = nn.Linear(8, 2)
 
     net = Net()
-    blocks = repeated_blocks(net)
-    assert blocks == [net.blocks[0], net.blocks[1]]  # the inner ModuleList stays inside its block
+    blocks = list(net.blocks)
     units = model_units("net", net, blocks)
     assert [u.name for u in units] == ["net.0", "net.1", "net (root)"]
     assert units[0].unsharded_bytes() == 2 * (64 + 8) * 4

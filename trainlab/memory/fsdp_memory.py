@@ -4,6 +4,7 @@ The planner traces one process's step (micro-batch per rank, as under DDP); this
 what one of N FSDP2 ranks holds, over the parameter layout of the shard units (`fully_shard` per block, then the
 root, which takes the parameters no block holds). The model, for torch 2.14's FSDP2:
 
+- Units: the recipe's `TrainParts.shard_units` per trained model, then the root.
 - Sharding: every parameter is split on dim 0, padded to a multiple of N rows; rank 0 (the fullest) holds
   ceil(rows / N) rows of it. Its sharded parameter, its sharded gradient and each optimizer state are that size
   (the padding is counted). Buffers are not sharded; frozen models (the tokenizer) are not sharded; averaged and
@@ -88,22 +89,6 @@ def unit_of(name: str, params: Sequence[nn.Parameter]) -> ShardUnit:
         element_sizes=tuple(p.element_size() for p in params),
         trained=tuple(p.requires_grad for p in params),
     )
-
-
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The entries of the model's `nn.ModuleList`s (VAR's and ViT's transformer blocks), outermost lists only: the
-    units when the recipe names none."""
-    blocks: list[nn.Module] = []
-    inside: set[int] = set()
-    for module in model.modules():
-        if id(module) in inside:
-            continue
-        if isinstance(module, nn.ModuleList):
-            for entry in module:
-                if any(True for _ in entry.parameters()):
-                    blocks.append(entry)
-            inside.update(id(m) for entry in module for m in entry.modules())
-    return blocks
 
 
 def model_units(name: str, model: nn.Module, blocks: Sequence[nn.Module]) -> list[ShardUnit]:
@@ -215,7 +200,10 @@ def fsdp_memory(
     gradients_at_peak = p["gradient"] if accumulating else round(p["gradient"] * ratio)
     if settings.cpu_offload and not accumulating:
         gradients_at_peak = 0  # the sharded gradients are copied to the host as they are reduced
-    momentum = round(p["recipe_state"] * ratio)
+    # momentum copies inside a sharded model (MoCo's momentum encoder, no gradient) are in `sharded` already; the
+    # rest of the recipe state (averaged copies of the model, the loss scale) is sharded like the model
+    untrained = unsharded - trained
+    momentum = round(max(p["recipe_state"] - untrained, 0) * ratio)
     removed = p["parameter"] + p["gradient"] + p["optimizer_state"] + p["autocast_copies"] + p["recipe_state"]
     resident = 0 if settings.cpu_offload else sharded + states
     host = sharded + sharded_trained + states if settings.cpu_offload else 0
@@ -242,22 +230,19 @@ def fsdp_memory(
 def recipe_layout(recipe: Recipe[Any]) -> dict[str, list[ShardUnit]]:
     """The shard units of the recipe's trained models, built once on fake tensors (no memory, no weights read).
 
-    The units are the recipe's `TrainParts.shard_units` where the contract has them (an empty list: the root only),
-    otherwise the entries of each model's `nn.ModuleList`s (`repeated_blocks`). Pure 16-bit modes hold their
-    floating parameters in that dtype."""
+    The units are the recipe's `TrainParts.shard_units` (none named: the root only), as `--fsdp` shards them. Pure
+    16-bit modes hold their floating parameters in that dtype."""
     from trainlab.memory.tracer import StorageTracer, tracing
 
     precision = Precision.parse(recipe.config.precision)
     with tracing(StorageTracer()), torch.random.fork_rng(devices=[]), precision.default_dtype():
         parts = recipe.build(torch.device("cpu"))
         trained = {name for phase in parts.phases for name in phase.modules}
-        named: Mapping[str, list[nn.Module]] | None = getattr(parts, "shard_units", None)
         layout: dict[str, list[ShardUnit]] = {}
         for name, model in parts.models.items():
             if name not in trained:
                 continue
-            blocks = named.get(name, []) if named is not None else repeated_blocks(model)
-            units = model_units(name, model, blocks)
+            units = model_units(name, model, parts.shard_units.get(name, []))
             if precision.casts_weights:
                 size = torch.empty((), dtype=precision.param_dtype).element_size()
                 units = [dataclasses.replace(u, element_sizes=tuple(size for _ in u.element_sizes)) for u in units]
