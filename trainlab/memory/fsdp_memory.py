@@ -130,6 +130,7 @@ class FsdpMemory:
         host_bytes: what CPU offload keeps on the host.
         removed_bytes: the traced peak's unsharded parameters, gradients, states, weight copies and momentum copies.
         peak_bytes: the traced peak of live tensors with those replaced.
+        units: shard units of all trained models (roots included); largest_unit_bytes: the largest, unsharded.
     """
 
     world: int
@@ -153,8 +154,8 @@ def gathered_working_set(units: Sequence[ShardUnit], world: int, element_size: i
 
     With reshard-after-forward: the root (gathered from its forward to its backward) plus the largest neighbouring
     pair of blocks: the one that runs, unsharded, and the prefetched one, as its all-gather output (padded; its
-    copy-out into unsharded parameters frees that buffer). Without it: every block stays gathered after its
-    forward, plus one all-gather output (the backward's prefetch is already there)."""
+    copy-out into unsharded parameters frees that buffer). Without it: every unit stays gathered from its forward
+    to its backward."""
     *blocks, root = units
     sizes = [u.unsharded_bytes(element_size) for u in blocks]
     padded = [padded_unit_bytes(u, world, element_size) for u in blocks]
