@@ -1,4 +1,5 @@
-"""The block-naming contract (`TrainParts.shard_units`): each recipe names disjoint blocks of its trained models."""
+"""The block-naming contract (`TrainParts.shard_units`): each recipe names blocks of its trained models, inner ones
+first."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from trainlab.recipes import get_recipe
 
 EXPECTED = {  # recipe (config overrides) -> model name -> the first unit's path and the number of units
     ("var", ()): ("var", "blocks.0", 2),
-    ("moco", ()): ("moco", "base_encoder.layer1", 8),
-    ("moco", (("model", "moco_vit_debug"),)): ("moco", "base_encoder.blocks.0", 4),
+    ("moco", ()): ("moco", "base_encoder.layer1", 10),
+    ("moco", (("model", "moco_vit_debug"),)): ("moco", "base_encoder.blocks.0", 6),
     ("cifar", ()): ("model", "layer1", 4),
     ("tokenizer", ()): ("vqvae", "encoder.down.0", 6),
 }
@@ -51,6 +52,7 @@ def test_bad_units_are_refused() -> None:
         check_shard_units(_parts([nn.Linear(2, 2)], model))
     with pytest.raises(ValueError, match="twice"):
         check_shard_units(_parts([model[1], model[1]], model))
+    check_shard_units(_parts([model[0][1], model[0]], model))  # inside out
     with pytest.raises(ValueError, match="inside"):
         check_shard_units(_parts([model[0], model[0][1]], model))
     with pytest.raises(ValueError, match="not a trained model"):

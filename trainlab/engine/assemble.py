@@ -4,7 +4,8 @@ In order: seed, `recipe.build` (models, phases, frozen models, averaged copies d
 (`engine.ema`), `--activation-checkpointing` switched on the trained models (`apply_activation_checkpointing`), the
 precision mode applied to the trained models, every model placed on the device (frozen and averaged ones in eval
 mode without gradients), the run's length (from the training data: `length_of(parts)`), one `LossScaler` and one
-`Scheduler` per phase, DDP wrappers for the trained modules of several processes, `--compile`, the training-health
+`Scheduler` per phase, DDP wrappers for the trained modules of several processes (or, with `--fsdp`, the trained
+models and their averaged copies sharded in place: `engine.fsdp`), `--compile`, the training-health
 monitor (`engine.health`, every `--health-every` steps) and the `StepRunner` that runs one optimizer step. The
 Trainer adds the relaunch rules before and the loop after; the planner (`memory.trace`) passes its hooks
 (`AssemblyHooks`: models placed on fake tensors, storages labelled, the recipe wrapped to mark regions) and its own
@@ -25,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainlab.engine.batchnorm_momentum import decay_per_optimizer_step_, describe_per_micro_batch
 from trainlab.engine.compile import compile_for_training
 from trainlab.engine.ema import averaged_copy
+from trainlab.engine.fsdp import Sharding, shard_run
 from trainlab.engine.health import HealthMonitor
 from trainlab.engine.precision import LossScaler, Precision
 from trainlab.engine.recipe import Recipe, TrainParts, apply_activation_checkpointing
@@ -68,6 +70,7 @@ class Assembly:
         runner: runs one optimizer step.
         compiled: the names of the models `--compile` compiled.
         health: observes every `--health-every`-th step (None: off).
+        sharding: what `--fsdp` sharded (`engine.fsdp`; None without it and in one process).
     """
 
     parts: TrainParts
@@ -79,6 +82,7 @@ class Assembly:
     runner: StepRunner
     compiled: list[str] = field(default_factory=list)
     health: HealthMonitor | None = None
+    sharding: Sharding | None = None
 
     def all_models(self) -> dict[str, nn.Module]:
         """Every model by name (trained, frozen, averaged): the mapping `evaluate` and `on_fit_end` receive."""
@@ -167,7 +171,18 @@ def assemble(
         length = length_of(parts)
     scalers = {p.name: LossScaler(precision, device.type, cfg.static_loss_scale) for p in parts.phases}
     schedulers = {p.name: Scheduler(p.optimizer, cfg.schedule, length.total_steps) for p in parts.phases}
-    wrapped = _wrap_ddp(parts, device, world, cfg.ddp_find_unused_parameters)
+    sharding = None
+    if cfg.fsdp:
+        sharding = shard_run(
+            parts,
+            averaged,
+            precision=precision,
+            device=device,
+            world=world,
+            reshard_after_forward=cfg.fsdp_reshard_after_forward,
+            cpu_offload=cfg.fsdp_cpu_offload,
+        )
+    wrapped = _wrap_ddp(parts, device, 1 if cfg.fsdp else world, cfg.ddp_find_unused_parameters)
     compiled: list[str] = []
     if compile_models:
         compiled = sorted({name for phase in parts.phases for name in phase.modules})
@@ -192,8 +207,9 @@ def assemble(
         device=device,
         clip_grad_norm=cfg.clip_grad_norm,
         health=health,
+        sharded=sharding is not None,
     )
-    return Assembly(parts, averaged, length, scalers, schedulers, wrapped, runner, compiled, health)
+    return Assembly(parts, averaged, length, scalers, schedulers, wrapped, runner, compiled, health, sharding)
 
 
 def _set_batchnorm_decay(parts: TrainParts, accumulation: Any, decay: str) -> None:

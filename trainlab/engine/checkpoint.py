@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainlab.config import upgrade_keys
 from trainlab.errors import TrainingStopped, UsageError
@@ -303,6 +304,11 @@ def declared_non_finite_buffers(model: nn.Module) -> set[str]:
     return names
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a `--fsdp` parameter (checked on every rank: no gather); any other tensor as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def non_finite_weights(models: dict[str, nn.Module]) -> list[str]:
     """Names ("model.name") of floating parameters and buffers holding NaN or inf (a BatchNorm's running_var after a
     blow-up is as unusable as a weight). Buffers declared inf by design (`non_finite_buffers`) may hold inf, not NaN."""
@@ -310,7 +316,7 @@ def non_finite_weights(models: dict[str, nn.Module]) -> list[str]:
     for model_name, model in models.items():
         by_design = declared_non_finite_buffers(model)
         for name, p in model.named_parameters():
-            if p.is_floating_point() and not bool(p.detach().isfinite().all()):
+            if p.is_floating_point() and not bool(_local(p.detach()).isfinite().all()):
                 bad.append(f"{model_name}.{name}")
         for name, b in model.named_buffers():
             if not b.is_floating_point():

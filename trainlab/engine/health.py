@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainlab.engine.health_limits import DEAD_FRACTION_WARN, UPDATE_RATIO_HIGH, UPDATE_RATIO_LOW
 from trainlab.engine.recipe import Phase, StepInfo
@@ -96,6 +97,11 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a `--fsdp` parameter or gradient (measured per rank, norms summed over ranks)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def sampled(p: torch.Tensor) -> torch.Tensor:
     """A float32 (float64 for float64) copy of at most `SAMPLED_ELEMENTS` evenly spaced elements of `p` (all of a small
     one). The stride shares no factor with the last dimension, so the sample walks through every column of a
@@ -133,6 +139,7 @@ class _Layout:
     params: list[nn.Parameter]
     index: list[int]
     names: list[str]
+    sharded: bool = False  # --fsdp: each rank holds a shard of every parameter; block norms add up over ranks
 
     @staticmethod
     def of(model_blocks: list[dict[str, list[nn.Parameter]]]) -> _Layout:
@@ -144,13 +151,16 @@ class _Layout:
                 params += block
                 index += [len(names)] * len(block)
                 names.append(name)
-        return _Layout(params, index, names)
+        return _Layout(params, index, names, sharded=any(isinstance(p, DTensor) for p in params))
 
     def block_norms(self, norms: list[torch.Tensor] | tuple[torch.Tensor, ...], index: torch.Tensor) -> list[float]:
         """Per block, the L2 norm of its tensors' norms `norms` (one per entry of `index`), as floats."""
         squares = torch.stack(list(norms)).to(torch.float64).square()
         total = torch.zeros(len(self.names), dtype=torch.float64, device=squares.device)
-        return total.index_add_(0, index, squares).sqrt().tolist()
+        total.index_add_(0, index, squares)
+        if self.sharded:  # the squares of this rank's shards: the block's are their sum over ranks (collective)
+            torch.distributed.all_reduce(total)
+        return total.sqrt().tolist()
 
 
 class HealthMonitor:
@@ -236,7 +246,7 @@ class HealthMonitor:
         _synchronize(self.device)
         start = time.perf_counter()
         layout = self._layout[phase]
-        present = [(p.grad, i) for p, i in zip(layout.params, layout.index) if p.grad is not None]
+        present = [(_local(p.grad), i) for p, i in zip(layout.params, layout.index) if p.grad is not None]
         if present:
             grads = [g for g, _ in present]
             index = torch.tensor([i for _, i in present], device=grads[0].device)
@@ -252,7 +262,7 @@ class HealthMonitor:
             return
         _synchronize(self.device)
         start = time.perf_counter()
-        self._before[phase] = [sampled(p) for p in self._layout[phase].params]
+        self._before[phase] = [sampled(_local(p)) for p in self._layout[phase].params]
         self._seconds += time.perf_counter() - start
 
     def after_update(self, phase: str, info: StepInfo, stepped: bool) -> None:
@@ -265,7 +275,7 @@ class HealthMonitor:
         before = self._before.pop(phase, None)
         if before and stepped:
             index = torch.tensor(layout.index, device=before[0].device)
-            deltas = torch._foreach_sub([sampled(p) for p in layout.params], before)
+            deltas = torch._foreach_sub([sampled(_local(p)) for p in layout.params], before)
             moved = layout.block_norms(torch._foreach_norm(deltas), index)
             size = layout.block_norms(torch._foreach_norm(before), index)
             for i, name in enumerate(layout.names):

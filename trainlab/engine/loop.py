@@ -8,7 +8,8 @@ step runner) and the checkpoint loaded into it (`engine.resume.restore`). The lo
 Errors that only some ranks see (rank 0 writes) are raised on every rank alike (`dist.raise_together`).
 
 The loop: one optimizer step is `engine.step.StepRunner.run`; the run's length is `engine.run_length`'s. At each
-epoch end: `ckpt/last.pt`, evaluation (rank 0, every model in eval mode), `ckpt/last.pt` again and, when the
+epoch end: `ckpt/last.pt`, evaluation (rank 0, every model in eval mode; under `--fsdp` on whole copies of the sharded
+models: `engine.fsdp.Sharding.whole`), `ckpt/last.pt` again and, when the
 recipe's best metric improved, `ckpt/best.pt`. SIGTERM / Ctrl-C finish the current step, save and return
 "interrupted"; `--max-steps` stops early with "max_steps".
 """
@@ -405,9 +406,18 @@ class Trainer:
             self.progress.last_eval_epoch,
         )
 
+    def _rank0_models(self) -> dict[str, nn.Module]:
+        """Every model by name for what rank 0 does alone; under --fsdp the sharded ones as whole copies on rank 0
+        (collective: every rank calls it)."""
+        models = self.run.all_models()
+        if self.run.sharding is None:
+            return models
+        return self.run.sharding.whole(models, self.device, keep=self.is_main)
+
     def _on_fit_end(self) -> None:
+        models = self._rank0_models()  # before the raise_together that wraps this: collective under --fsdp
         if self.is_main:
-            self.recipe.on_fit_end(self.run.all_models())
+            self.recipe.on_fit_end(models)
 
     def _run_epoch(self, logger: MetricsLogger, stop: StopFlag, losses: list[float]) -> EpochResult:
         """Train from the current step to the epoch's end, a stop signal, --max-steps or `fit`'s `stop_at_step`."""
@@ -521,15 +531,18 @@ class Trainer:
     def _evaluate_epoch(self, logger: MetricsLogger) -> dict[str, float]:
         epoch = self.progress.epoch
 
+        models = self._rank0_models()
+
         def evaluate() -> dict[str, float]:
             if not self.is_main:
                 return {}
-            for model in self.parts.models.values():
-                model.eval()
+            for name in self.parts.models:
+                models[name].eval()
             with torch.no_grad(), self.precision.autocast(self.device.type):
-                return self.recipe.evaluate(self.run.all_models(), self.device, epoch)
+                return self.recipe.evaluate(models, self.device, epoch)
 
         metrics = dist.raise_together(evaluate)  # an evaluation error on rank 0 stops every rank alike
+        models.clear()  # rank 0's whole copies under --fsdp: freed before the save
         metrics = dist.broadcast_object(metrics)  # type: ignore[assignment]
         if metrics:
             logger.log("eval", self.progress.step, epoch, metrics)

@@ -234,6 +234,10 @@ def grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float) -> tuple[flo
         norm = torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=True)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in grads if p.grad is not None], foreach=True)
+    from torch.distributed.tensor import DTensor  # torch.distributed only where gradients are
+
+    if isinstance(norm, DTensor):  # --fsdp: the norm of the sharded gradients, the same on every rank
+        norm = norm.full_tensor()
     value = float(norm)
     return value, math.isfinite(value)
 

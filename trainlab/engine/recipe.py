@@ -160,6 +160,17 @@ class TrainConfig:
         gt=0,
         le=86400,
     )
+    fsdp: bool = option(
+        False,
+        "under torchrun, shard each trained model's parameters, gradients and optimizer states over the processes "
+        "(FSDP2, block by block; one process: no-op); checkpoints stay whole and resume on any number of processes",
+    )
+    fsdp_reshard_after_forward: bool = option(
+        True, "--fsdp: free each block's gathered parameters after its forward (gathered again for backward)"
+    )
+    fsdp_cpu_offload: bool = option(
+        False, "--fsdp: keep the parameter, gradient and optimizer-state shards in host memory (CUDA runs)"
+    )
     activation_checkpointing: bool = option(
         False, "recompute activations in backward instead of keeping them (less memory, one more forward per block)"
     )
@@ -188,6 +199,24 @@ class TrainConfig:
             raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
         self.optim.validate()
         self._check_optimizer_numbers()
+        self._check_fsdp()
+
+    def _check_fsdp(self) -> None:
+        """What `--fsdp` cannot combine with yet, refused before anything is built."""
+        if not self.fsdp:
+            changed = ["--fsdp-reshard-after-forward false"] if not self.fsdp_reshard_after_forward else []
+            changed += ["--fsdp-cpu-offload"] if self.fsdp_cpu_offload else []
+            if changed:
+                raise UsageError(f"{changed[0]} only applies with --fsdp: add --fsdp or drop it")
+            return
+        if self.compile:
+            raise UsageError("--compile with --fsdp is not built yet: drop --compile (or --fsdp)")
+        if self.precision in ("fp16", "bf16", "fp16-scale"):
+            raise UsageError(
+                f"--precision {self.precision} (pure 16-bit weights) with --fsdp is not built yet: use "
+                f"--precision {'bf16-amp' if self.precision == 'bf16' else 'fp16-amp-scale'} (fp32 weight shards, "
+                "16-bit compute)"
+            )
 
     def _check_optimizer_numbers(self) -> None:
         """The optimizer applies the learning rate (at its largest: peak x the schedule's largest ratio; a `base_`
@@ -258,7 +287,9 @@ class TrainParts:
         shard_units: per trained model's name, its blocks: the submodules `--fsdp` shards one by one (each is
             all-gathered whole for its forward and backward) before the rest of the model goes in one last unit
             (the root). A missing or empty entry: the root only. Name the repeated blocks (transformer blocks,
-            ResNet stages), in forward order; an averaged copy is sharded like the model it follows.
+            ResNet stages), in forward order; a unit may hold units named before it (it then owns the parameters
+            they do not hold: name a submodule the recipe calls on its own, outside the model's forward, this way).
+            An averaged copy is sharded like the model it follows.
     """
 
     models: dict[str, nn.Module]

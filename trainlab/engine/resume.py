@@ -46,6 +46,7 @@ from trainlab.engine.checkpoint import (
     load_checkpoint,
     non_finite_weights,
 )
+from trainlab.engine.fsdp import full_state, load_model_state, load_optimizer_state
 from trainlab.engine.recipe import Phase, Recipe, TrainConfig
 from trainlab.engine.run_dir import RunDir
 from trainlab.engine.seeding import rng_state, set_rng_state
@@ -78,6 +79,9 @@ ENGINE_MAY_CHANGE = (
     "activation_checkpointing",  # the same losses and gradients, recomputed
     "compile",  # the same computation, float arithmetic reordered
     "ddp_find_unused_parameters",
+    "fsdp",  # a checkpoint holds whole tensors: it resumes sharded or not, on any number of processes
+    "fsdp_reshard_after_forward",
+    "fsdp_cpu_offload",
     "dist_timeout",  # how long the collectives wait, not what they compute
     "health_every",  # observed steps only read tensors: the same losses (engine/health.py)
     "memory_snapshot",
@@ -415,20 +419,25 @@ def _check_run_dir_recipe(run_dir: Path, recipe_name: str) -> None:
 # ---------------------------------------------------------------------------------------------- state in / out
 def training_state(recipe: Recipe[Any], run: Assembly, progress: Progress, dataset_size: int) -> dict[str, Any]:
     """Everything a resume needs, to the bit, in `engine.checkpoint`'s format (collective under DDP: every rank's
-    RNG state is gathered, so every rank takes part)."""
+    RNG state is gathered, so every rank takes part; under --fsdp the shards are gathered whole, `engine.fsdp`)."""
     per_rank_rng = dist.all_gather_object(rng_state())
+    keep = dist.is_main()  # under --fsdp only rank 0, which writes, keeps the gathered tensors
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "recipe": recipe.name,
         "config": to_dict(recipe.config),
         "data": {"dataset_size": dataset_size, "steps_per_epoch": run.length.steps_per_epoch},
-        "models": {name: model.state_dict() for name, model in run.parts.models.items()},
+        "models": {name: full_state(model.state_dict(), keep) for name, model in run.parts.models.items()},
         "averaged": {
-            name: {"follows": spec.follows, "decay": spec.decay, "weights": run.averaged[name].state_dict()}
+            name: {
+                "follows": spec.follows,
+                "decay": spec.decay,
+                "weights": full_state(run.averaged[name].state_dict(), keep),
+            }
             for name, spec in run.parts.averaged.items()
         },
-        "optimizers": {phase.name: phase.optimizer.state_dict() for phase in run.parts.phases},
+        "optimizers": {phase.name: full_state(phase.optimizer.state_dict(), keep) for phase in run.parts.phases},
         "scalers": {name: scaler.state_dict() for name, scaler in run.scalers.items()},
         "schedulers": {name: scheduler.state_dict() for name, scheduler in run.schedulers.items()},
         **progress.to_state(),
@@ -467,7 +476,7 @@ def restore(state: dict[str, Any], path: Path, recipe: Recipe[Any], run: Assembl
     try:
         for name, model in run.parts.models.items():
             try:
-                model.load_state_dict(state["models"][name])
+                load_model_state(model, state["models"][name])
             except (KeyError, RuntimeError) as err:
                 raise UsageError(
                     f"checkpoint {path} does not fit model {name!r} ({first_line(err)}); check --model"
@@ -482,14 +491,14 @@ def restore(state: dict[str, Any], path: Path, recipe: Recipe[Any], run: Assembl
                     "over (--overwrite or a new --run-dir)"
                 )
             try:
-                average.load_state_dict(entry["weights"])
+                load_model_state(average, entry["weights"])
             except RuntimeError as err:
                 raise UsageError(
                     f"checkpoint {path} does not fit averaged model {name!r} ({first_line(err)})"
                 ) from None
         for phase in run.parts.phases:
             peaks = [group["peak_lr"] for group in phase.optimizer.param_groups]
-            phase.optimizer.load_state_dict(state["optimizers"][phase.name])
+            load_optimizer_state(phase.optimizer, state["optimizers"][phase.name])
             for group, peak in zip(phase.optimizer.param_groups, peaks):
                 group["peak_lr"] = peak  # the schedule applies this run's peak from the checkpoint's step on
             run.scalers[phase.name].load_state_dict(state["scalers"][phase.name])

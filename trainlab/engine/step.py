@@ -3,7 +3,8 @@ step / scaler update per phase, then the recipe's `after_optimizer_step` hook, t
 phase's models (`engine.ema`) take their step.
 
 Per phase: the loss of each micro-batch is divided by the number of micro-batches (so accumulation is the large
-batch), micro-steps before the last run forward and backward inside DDP's `no_sync`, and the gradient norm is always
+batch), micro-steps before the last run forward and backward inside DDP's `no_sync` (under `--fsdp`: without
+FSDP2's gradient sync), and the gradient norm is always
 a finite float or the step is reported as skipped. A second phase (a GAN's discriminator) replays the same
 micro-batches from host memory; a single phase never holds more than one micro-batch on the device. A recipe's
 `first_pass` (MoCo's keys of the whole optimizer batch) reads the micro-batches once before the phase's micro-steps,
@@ -26,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainlab import dist
 from trainlab.dtypes import at_least_float32
 from trainlab.engine.ema import WeightAverage, update_average_
+from trainlab.engine.fsdp import agree_on_overflow, set_gradient_sync
 from trainlab.engine.health import HealthMonitor
 from trainlab.engine.precision import LossScaler, Precision, grad_norm_, only_requires_grad
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo
@@ -95,6 +97,7 @@ class StepRunner:
     device: torch.device
     clip_grad_norm: float
     health: HealthMonitor | None = None  # observes every --health-every-th step (engine.health); None: off
+    sharded: bool = False  # --fsdp sharded the trained models (engine.fsdp)
 
     def __post_init__(self) -> None:
         self.all_params = [p for m in self.models.values() for p in m.parameters()]
@@ -160,6 +163,8 @@ class StepRunner:
                     sums[key] = sums.get(key, 0) + v / num_micro
                 del out, batch
         scaler.unscale_(phase.optimizer)
+        if self.sharded:
+            agree_on_overflow(scaler, phase.optimizer)
         self._check_unused_parameters(phase, info)
         if self.health is not None:
             self.health.record_gradients(phase.name, info)  # before clipping: the gradients as computed
@@ -220,6 +225,7 @@ class StepRunner:
             log.info("%d parameter(s) without a gradient, as --ddp-find-unused-parameters allows", len(unused))
 
     def _no_sync(self, phase: Phase, skip: bool) -> contextlib.AbstractContextManager[Any]:
+        set_gradient_sync({name: self.models[name] for name in phase.modules}, enabled=not skip)  # --fsdp
         if not skip:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()

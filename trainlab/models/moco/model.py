@@ -137,9 +137,15 @@ class MoCo(nn.Module):
 
     def shard_units(self) -> list[nn.Module]:
         """The blocks `--fsdp` shards one by one (`TrainParts.shard_units`): each ViT block or ResNet stage of the
-        base encoder, then the same of the momentum encoder (sharded alike, its momentum update runs on the local
-        shards)."""
-        return encoder_blocks(self.base_encoder) + encoder_blocks(self.momentum_encoder)
+        base encoder, then the encoder around them, the same for the momentum encoder (sharded alike: its momentum
+        update runs on the local shards). The encoders are units of their own because they are also called
+        outside `forward` (the keys of a whole optimizer batch, the features)."""
+        return [
+            *encoder_blocks(self.base_encoder),
+            self.base_encoder,
+            *encoder_blocks(self.momentum_encoder),
+            self.momentum_encoder,
+        ]
 
     def update_momentum_encoder(self, momentum: float) -> None:
         """theta_k <- m * theta_k + (1 - m) * theta_q (parameters only)."""
