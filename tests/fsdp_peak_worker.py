@@ -1,9 +1,8 @@
 """One rank of a real FSDP2 run on CPU (torchrun, gloo): the measured peak of live tensor bytes, for the planner test.
 
-`fully_shard` per block the recipe names (`TrainParts.shard_units`), then the root (FSDP2's defaults: reshard
-after forward, prefetch of the next block; fp32 everywhere), the engine's own set-up and `StepRunner` (one
-process's assembly, the modules replaced by their FSDP2 form and the optimizer's parameters by the sharded ones),
-the recipe's example batches.
+The run is `trainlab train --fsdp`'s own set-up (`engine.assemble` with the world of two: the trained models
+sharded by `engine.fsdp`, block by block as the recipe names them, then the root) and its `StepRunner`, on the
+recipe's example batches.
 
 Measured like the planner's other CPU tests, with one change: FSDP2 frees and re-allocates its gathered parameters
 by resizing their storages, so the live bytes are the sum of the current sizes of every storage seen so far that is
@@ -13,7 +12,7 @@ peak is taken over steps 3-4.
 
 usage: torchrun --nproc-per-node 2 fsdp_peak_worker.py RECIPE OUT.json '{"config_field": value, ...}'
 (the recipe's debug config with those fields replaced, the batch being the global batch over both ranks;
-"reshard_after_forward": false turns FSDP2's reshard-after-forward off)
+"fsdp": true is added)
 """
 
 from __future__ import annotations
@@ -29,15 +28,14 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainlab.engine.assemble import AssemblyHooks, assemble
+from trainlab.engine.assemble import assemble
 from trainlab.engine.debug import debug_run_config
 from trainlab.engine.precision import Precision
-from trainlab.engine.recipe import StepInfo, TrainParts
+from trainlab.engine.recipe import StepInfo
 from trainlab.engine.run_length import run_length
 from trainlab.recipes import get_recipe
 
@@ -86,59 +84,27 @@ def resident(models: dict[str, nn.Module], optimizers: list[torch.optim.Optimize
     return found
 
 
-def shard(model: nn.Module, blocks: list[nn.Module], reshard_after_forward: bool) -> None:
-    for block in blocks:
-        fully_shard(block, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, reshard_after_forward=reshard_after_forward)
-
-
 def main(argv: list[str]) -> None:
     name, out, overrides = argv[0], Path(argv[1]), json.loads(argv[2])
-    reshard_after_forward = overrides.pop("reshard_after_forward", True)
     torch_dist.init_process_group("gloo")
-    rank = torch_dist.get_rank()
+    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     torch.set_num_threads(1)
     cls = get_recipe(name)
-    recipe = cls(dataclasses.replace(debug_run_config(cls(cls.config_class())), device="cpu", **overrides))
-    precision = Precision.parse(recipe.config.precision)
-    names: dict[int, tuple[str, str]] = {}
-
-    def place(model: nn.Module, applied: Precision | None) -> nn.Module:
-        if applied is None:
-            return model
-        key = next(k for k, m in recipe_models.items() if m is model)
-        names.update({id(p): (key, n) for n, p in model.named_parameters()})
-        shard(model, recipe_units.get(key, []), reshard_after_forward)
-        return model
-
-    def after_build(parts: TrainParts, averaged: dict[str, nn.Module]) -> None:
-        current = {(k, n): p for k, m in parts.models.items() for n, p in m.named_parameters()}
-        for phase in parts.phases:
-            for group in phase.optimizer.param_groups:
-                group["params"] = [current[names[id(p)]] for p in group["params"]]
-
-    recipe_models: dict[str, nn.Module] = {}
-    recipe_units: dict[str, list[nn.Module]] = {}
-    original_build = recipe.build
-
-    def build(device: torch.device) -> TrainParts:
-        parts = original_build(device)
-        recipe_models.update(parts.models)
-        recipe_units.update(parts.shard_units)
-        return parts
-
-    recipe.build = build  # type: ignore[method-assign]
+    config = dataclasses.replace(debug_run_config(cls(cls.config_class())), device="cpu", fsdp=True, **overrides)
+    recipe = cls(config)
+    precision = Precision.parse(config.precision)
     length = run_length(100, epochs=1, max_steps=0)
     run = assemble(
         recipe,
         device=torch.device("cpu"),
         precision=precision,
         length_of=lambda parts: length,
-        hooks=AssemblyHooks(place=place, after_build=after_build),
+        world=world,
     )
+    assert run.sharding is not None, "nothing was sharded"
     for model in run.parts.models.values():
         model.train()
-    micro = recipe.config.batch_size // torch_dist.get_world_size()
+    micro = config.batch_size // world
 
     def batches() -> Any:
         while True:

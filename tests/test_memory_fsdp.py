@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from torch import nn
 
 from trainlab.cli import main
 from trainlab.engine.debug import debug_run_config
+from trainlab.engine.precision import Precision
 from trainlab.memory.breakdown import CATEGORIES, Breakdown
 from trainlab.memory.fsdp_memory import (
     FsdpSettings,
@@ -26,6 +26,7 @@ from trainlab.memory.planner import PlanRequest, plan
 from trainlab.recipes.var import VARRecipe
 
 MIB = 2**20
+FP32, BF16 = Precision.parse("fp32"), Precision.parse("bf16-amp")
 
 
 def _unit(name: str, *shapes: tuple[int, ...], element_size: int = 4) -> ShardUnit:
@@ -91,7 +92,7 @@ def test_one_rank_holds_a_shard_of_the_states_and_the_working_set() -> None:
     layout = {"model": [*blocks, _unit("root", (1024,))]}
     params = sum(u.unsharded_bytes() for u in layout["model"])
     b = _breakdown(parameter=params, optimizer_state=2 * params, activations=64 * MIB, frozen=3 * MIB)
-    m = fsdp_memory(b, layout, FsdpSettings(world=4), torch.float32)
+    m = fsdp_memory(b, layout, FsdpSettings(world=4), FP32)
     assert m.sharded_parameters_bytes == params // 4
     assert m.sharded_optimizer_states_bytes == 2 * params // 4
     assert m.padding_bytes == 0
@@ -107,16 +108,19 @@ def test_options_move_the_bytes_where_fsdp2_puts_them() -> None:
     layout = {"model": [_unit(str(i), (1000, 100)) for i in range(3)] + [_unit("root", (10,))]}
     params = sum(u.unsharded_bytes() for u in layout["model"])
     b = _breakdown(parameter=params, optimizer_state=2 * params, gradient=params, activations=32 * MIB)
-    on = fsdp_memory(b, layout, FsdpSettings(world=2), torch.float32)
-    off = fsdp_memory(b, layout, FsdpSettings(world=2, reshard_after_forward=False), torch.float32)
+    on = fsdp_memory(b, layout, FsdpSettings(world=2), FP32)
+    off = fsdp_memory(b, layout, FsdpSettings(world=2, reshard_after_forward=False), FP32)
     assert off.gathered_bytes > on.gathered_bytes and off.peak_bytes > on.peak_bytes
-    offload = fsdp_memory(b, layout, FsdpSettings(world=2, cpu_offload=True), torch.float32)
+    offload = fsdp_memory(b, layout, FsdpSettings(world=2, cpu_offload=True), FP32)
     assert offload.host_bytes == 4 * (params // 2)  # parameters, gradients and two AdamW states
     assert offload.peak_bytes == on.peak_bytes - 3 * (params // 2) - on.gradients_at_peak_bytes
-    bf16 = fsdp_memory(b, layout, FsdpSettings(world=2), torch.bfloat16)
-    assert bf16.gathered_bytes * 2 == on.gathered_bytes  # MixedPrecisionPolicy: gathered in the compute dtype
+    amp = fsdp_memory(
+        dataclasses.replace(b, at_peak=b.at_peak | {"autocast_copies": MIB}), layout, FsdpSettings(2), BF16
+    )
+    # the engine's MixedPrecisionPolicy gathers the fp32 weights; autocast still makes its 16-bit copies
+    assert amp.gathered_bytes == on.gathered_bytes and amp.removed_bytes == on.removed_bytes
     assert on.gradients_at_peak_bytes == params // 2  # reduced each micro-batch: sharded
-    accumulating = fsdp_memory(dataclasses.replace(b, grad_accumulation=2), layout, FsdpSettings(2), torch.float32)
+    accumulating = fsdp_memory(dataclasses.replace(b, grad_accumulation=2), layout, FsdpSettings(2), FP32)
     assert accumulating.gradients_at_peak_bytes == params  # micro-steps before the last do not synchronise
 
 
@@ -125,6 +129,7 @@ def _var(tmp_path: Path, **overrides: object) -> VARRecipe:
     return VARRecipe(dataclasses.replace(config, run_dir=tmp_path, depth=4, **overrides))
 
 
+@pytest.mark.slow  # a full search with levers: about 10 traces
 def test_fsdp_is_a_lever_when_ddp_does_not_fit(tmp_path: Path) -> None:
     recipe = _var(tmp_path)
     big = gpu_profile("1000GiB")

@@ -1,7 +1,7 @@
 """`trainlab plan --fsdp --device cpu` against the measured per-rank peak of a real 2-process gloo FSDP2 run.
 
-The run (`fsdp_peak_worker.py`, under torchrun) shards the VAR debug model by hand, `fully_shard` per block, then
-the root, and runs the engine's own steps; its rank 0 measures the peak of live tensor bytes as the planner's other
+The run (`fsdp_peak_worker.py`, under torchrun) is `trainlab train --fsdp`'s set-up and steps on the VAR debug
+model (4 blocks); its rank 0 measures the peak of live tensor bytes as the planner's other
 CPU tests do (`test_memory_accuracy.py`), with storage resizes seen. The plan is the traced one-process step at the
 per-rank micro-batch with `memory.fsdp_memory`'s sharding applied.
 """
@@ -45,7 +45,7 @@ def test_the_planned_rank_peak_matches_a_real_fsdp_run(
     traced = breakdown(trace_training(recipe, device="cpu", micro_batch=config.batch_size // 2, grad_accumulation=1))
     settings = FsdpSettings(world=2, reshard_after_forward=reshard_after_forward)
     planned = FsdpPlanner(recipe, settings).memory(traced)
-    measured = _measured(python, run_env, tmp_path, {**overrides, "reshard_after_forward": reshard_after_forward})
+    measured = _measured(python, run_env, tmp_path, {**overrides, "fsdp_reshard_after_forward": reshard_after_forward})
     error = (planned.peak_bytes - measured) / measured
     print(f"reshard {reshard_after_forward}: planned {planned.peak_bytes} measured {measured} error {error:+.2%}")
     assert abs(error) <= 0.05, f"planned {planned.peak_bytes} B, measured {measured} B ({error:+.2%})"

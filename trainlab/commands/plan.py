@@ -33,7 +33,8 @@ run `trainlab train RECIPE` with the same flags would start, and prints:
   - where the memory goes at the peak: parameters, gradients, optimizer states, activations, frozen models, ...;
   - the allocator's reserved peak and, with --gpu, the CUDA context and workspaces, the total and FITS / DOES NOT FIT;
   - the largest micro-batch that fits, the --grad-accumulation that keeps the global batch, the GPUs it needs;
-  - levers (16-bit precision, activation checkpointing, ...) with their predicted totals, and the hand formula.
+  - levers (16-bit precision, activation checkpointing, --fsdp, ...) with their predicted totals, and the hand
+    formula; with --fsdp --gpus N, one rank's sharded states and gathered working set.
 The training flag --device picks what is planned: cuda (auto plans for CUDA) or cpu."""
 
 
@@ -48,11 +49,6 @@ class PlanOptions:
     )
     gpus: int = option(1, "GPUs (processes) sharing the global batch, as under `trainlab launch`", metavar="N", ge=1)
     json: bool = option(False, "print the plan as JSON instead of the table")
-    fsdp: bool = option(False, "plan FSDP2 (`--fsdp`): parameters, gradients and optimizer states sharded over --gpus")
-    fsdp_reshard_after_forward: bool = option(True, "with --fsdp: free each block's gathered weights after forward")
-    fsdp_cpu_offload: bool = option(
-        False, "with --fsdp: sharded parameters, gradients and optimizer states on the host"
-    )
 
 
 def plan_help(recipe: str) -> str:
@@ -109,7 +105,7 @@ def take_options(cls: type[T], argv: list[str]) -> tuple[T, list[str]]:
     values: dict[str, Any] = {}
     rest = list(argv)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        rest, value = _take_flag(rest, "--" + f.name.replace("_", "-"), is_switch=f.type in (bool, "bool"))
+        rest, value = _take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
         if value is not None:
             values[f.name] = value
     return from_dict(cls, values), rest
@@ -148,10 +144,11 @@ def main(argv: list[str]) -> int:
     gpu = gpu_profile(options.gpu) if options.gpu is not None else None
     if gpu is not None and device_type != "cuda":
         raise UsageError("--gpu plans for a CUDA device; drop --device cpu (or drop --gpu)")
+    fsdp = fsdp_settings(config, options.gpus)
+    # the trace is one process's step (as under DDP); the sharding is modelled from it (`memory.fsdp_memory`)
+    config = dataclasses.replace(config, fsdp=False, fsdp_reshard_after_forward=True, fsdp_cpu_offload=False)
     recipe = recipe_cls(config)
-    request = PlanRequest(
-        device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=options.gpus, fsdp=fsdp_settings(options)
-    )
+    request = PlanRequest(device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=options.gpus, fsdp=fsdp)
     result = plan(recipe, request)
     hand = _hand(recipe, result)
     if options.json:
@@ -168,23 +165,19 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def fsdp_settings(options: PlanOptions) -> FsdpSettings | None:
-    """`--fsdp` and its options as planned (None: no --fsdp); on one GPU `--fsdp` is a no-op, said on stderr.
-
-    Raises:
-        UsageError: an FSDP option without --fsdp.
-    """
+def fsdp_settings(config: Any, gpus: int) -> FsdpSettings | None:
+    """The run's `--fsdp` and its options over `gpus` as planned (None: no --fsdp, or one GPU, where `--fsdp` is a
+    no-op: said on stderr). Options without --fsdp are refused by the config's own checks."""
     from trainlab.memory.fsdp_memory import FsdpSettings
 
-    if not options.fsdp:
-        if options.fsdp_cpu_offload:
-            raise UsageError("--fsdp-cpu-offload offloads FSDP's shards: add --fsdp (and --gpus N), or drop it")
+    if not config.fsdp:
         return None
-    if options.gpus == 1:
+    if gpus == 1:
         print(
-            "--fsdp with --gpus 1 is a no-op (one process keeps the whole model): planned without it", file=sys.stderr
+            "--fsdp with --gpus 1 is a no-op (one process trains the whole model): planned without it", file=sys.stderr
         )
-    return FsdpSettings(options.gpus, options.fsdp_reshard_after_forward, options.fsdp_cpu_offload)
+        return None
+    return FsdpSettings(gpus, config.fsdp_reshard_after_forward, config.fsdp_cpu_offload)
 
 
 def _hand(recipe: Any, result: Plan) -> HandEstimate:

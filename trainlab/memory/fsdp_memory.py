@@ -10,13 +10,15 @@ root, which takes the parameters no block holds). The model, for torch 2.14's FS
   (the padding is counted). Buffers are not sharded; frozen models (the tokenizer) are not sharded; averaged and
   momentum copies are sharded like the model they follow.
 - Gathered working set: with the default prefetch, the unit that runs and the next one are all-gathered (forward
-  and backward; the next one as its padded all-gather output until its copy-out), in the compute dtype
-  (MixedPrecisionPolicy: bf16 / fp16 for the autocast modes, whose weight copies then disappear); the root stays
-  gathered from its forward to its backward. Without reshard-after-forward every unit stays gathered after its
-  forward.
-- Reduce-scatter: the gradient of one unit, padded, in the reduce dtype (fp32), beside the unit's unsharded
-  gradient. Gradients that the traced peak holds are sharded (1/N) when each micro-batch reduces them; under
-  accumulation the micro-steps before the last do not synchronise, so their gradients stay unsharded.
+  and backward; the next one as its padded all-gather output until its copy-out), in the MixedPrecisionPolicy's
+  parameter dtype (`engine.fsdp.fsdp_policy`: the weights' own dtype, so under the -amp modes autocast still makes
+  its per-op 16-bit weight copies, as traced; a policy that gathered in the autocast dtype would drop them); the
+  root stays gathered from its forward to its backward. Without reshard-after-forward every unit stays gathered
+  after its forward.
+- Reduce-scatter: the gradient of one unit, padded, in the policy's reduce dtype (the weights' dtype), beside the
+  unit's unsharded gradient. Gradients that the traced peak holds are sharded (1/N) when each micro-batch reduces
+  them; under accumulation the micro-steps before the last do not synchronise (`engine.fsdp.set_gradient_sync`),
+  so their gradients stay unsharded.
 - CPU offload: sharded parameters, gradients and optimizer states live on the host (FSDP2's CPUOffloadPolicy); the
   GPU keeps the gathered working set, the reduce-scatter buffers and the activations.
 
@@ -35,11 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainlab.engine.fsdp import fsdp_policy
 from trainlab.engine.precision import Precision
 from trainlab.engine.recipe import Recipe
 from trainlab.memory.breakdown import Breakdown
-
-REDUCE_BYTES = 4  # gradients are reduced in fp32 (the MixedPrecisionPolicy the engine maps the precision mode to)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,8 @@ class FsdpMemory:
         gradients_at_peak_bytes: gradients the traced peak holds, sharded or (accumulating micro-steps) not.
         momentum_copies_bytes: averaged / momentum copies and the loss scale, sharded like the model.
         host_bytes: what CPU offload keeps on the host.
-        removed_bytes: the traced peak's unsharded parameters, gradients, states, weight copies and momentum copies.
+        removed_bytes: the traced peak's unsharded parameters, gradients, states and momentum copies (and autocast's
+            weight copies where the policy gathers in the autocast dtype).
         peak_bytes: the traced peak of live tensors with those replaced.
         units: shard units of all trained models (roots included); largest_unit_bytes: the largest, unsharded.
     """
@@ -169,7 +171,7 @@ def fsdp_memory(
     b: Breakdown,
     layout: Mapping[str, list[ShardUnit]],
     settings: FsdpSettings,
-    compute_dtype: torch.dtype,
+    precision: Precision,
 ) -> FsdpMemory:
     """One rank's bytes at the traced peak under FSDP2 (see the module docstring).
 
@@ -177,7 +179,7 @@ def fsdp_memory(
         b: the breakdown of the traced step at the per-rank micro-batch (one process, no DDP buckets).
         layout: trained model name -> its shard units (`model_units`), the root last.
         settings: world size, reshard-after-forward, CPU offload.
-        compute_dtype: the dtype the gathered parameters are in (the precision mode's compute dtype).
+        precision: the run's precision mode, mapped to FSDP2's MixedPrecisionPolicy as the engine maps it.
     """
     n = settings.world
     units = [u for model in layout.values() for u in model]
@@ -187,15 +189,18 @@ def fsdp_memory(
     sharded_trained = sum(u.sharded_bytes(n, trained_only=True) for u in units)
     ratio = sharded / unsharded if unsharded else 1.0
     states = round(b.optimizer_states_bytes * sharded_trained / trained) if trained else 0
-    element = torch.empty((), dtype=compute_dtype).element_size()
+    policy = fsdp_policy(precision)
     master = max((e for u in units for e in u.element_sizes), default=4)
-    gathered_element = min(element, master)  # pure 16-bit weights gather as they are; fp32 masters in compute dtype
+    gathered_element = _element_size(policy.param_dtype, master)
+    reduce_element = _element_size(policy.reduce_dtype, master)
+    # autocast's weight copies vanish only where the gathered weights are already in the autocast dtype
+    copies_removed = policy.param_dtype is not None and policy.param_dtype == precision.autocast_dtype
     gathered = sum(
         gathered_working_set(model, n, gathered_element, settings.reshard_after_forward)
         for model in layout.values()
         if model
     )
-    reduce_scatter = max((padded_unit_bytes(u, n, REDUCE_BYTES) for u in units if any(u.trained)), default=0)
+    reduce_scatter = max((padded_unit_bytes(u, n, reduce_element) for u in units if any(u.trained)), default=0)
     p = b.at_peak
     accumulating = b.grad_accumulation > 1  # the peak micro-step does not synchronise: gradients stay whole
     gradients_at_peak = p["gradient"] if accumulating else round(p["gradient"] * ratio)
@@ -205,7 +210,8 @@ def fsdp_memory(
     # rest of the recipe state (averaged copies of the model, the loss scale) is sharded like the model
     untrained = unsharded - trained
     momentum = round(max(p["recipe_state"] - untrained, 0) * ratio)
-    removed = p["parameter"] + p["gradient"] + p["optimizer_state"] + p["autocast_copies"] + p["recipe_state"]
+    removed = p["parameter"] + p["gradient"] + p["optimizer_state"] + p["recipe_state"]
+    removed += p["autocast_copies"] if copies_removed else 0
     resident = 0 if settings.cpu_offload else sharded + states
     host = sharded + sharded_trained + states if settings.cpu_offload else 0
     peak = b.peak_allocated_bytes - removed + resident + gradients_at_peak + momentum + gathered + reduce_scatter
@@ -226,6 +232,10 @@ def fsdp_memory(
         units=len(units),
         largest_unit_bytes=largest,
     )
+
+
+def _element_size(dtype: torch.dtype | None, weights: int) -> int:
+    return weights if dtype is None else torch.empty((), dtype=dtype).element_size()
 
 
 def recipe_layout(recipe: Recipe[Any]) -> dict[str, list[ShardUnit]]:
@@ -257,11 +267,11 @@ class FsdpPlanner:
     def __init__(self, recipe: Recipe[Any], settings: FsdpSettings) -> None:
         self.settings = settings
         self.layout = recipe_layout(recipe)
-        self.compute_dtype = Precision.parse(recipe.config.precision).compute_dtype
+        self.precision = Precision.parse(recipe.config.precision)
 
     def memory(self, b: Breakdown, world: int | None = None) -> FsdpMemory:
         settings = self.settings if world is None else dataclasses.replace(self.settings, world=world)
-        return fsdp_memory(b, self.layout, settings, self.compute_dtype)
+        return fsdp_memory(b, self.layout, settings, self.precision)
 
     def reserved(self, b: Breakdown, world: int | None = None) -> int:
         """The rank's reserved peak: its live peak plus the fragmentation the allocator model found for the traced
@@ -279,7 +289,7 @@ def breakdown_rows(m: FsdpMemory) -> list[tuple[str, int]]:
         (f"sharded optimizer states 1/{m.world}{where}", m.sharded_optimizer_states_bytes),
         ("gradients at the peak", m.gradients_at_peak_bytes),
         ("all-gathered working set", m.gathered_bytes),
-        ("reduce-scatter buffer (fp32)", m.reduce_scatter_bytes),
+        ("reduce-scatter buffer", m.reduce_scatter_bytes),
         ("momentum / EMA copies (sharded)", m.momentum_copies_bytes),
         ("unsharded states replaced", -m.removed_bytes),
     ]
