@@ -19,6 +19,7 @@ from trainlab.memory.gpus import GPU_PROFILES, gpu_profile
 from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
 if TYPE_CHECKING:
+    from trainlab.memory.fsdp_memory import FsdpMemory, FsdpSettings
     from trainlab.memory.hand_formula import HandEstimate
     from trainlab.memory.planner import Plan
 
@@ -32,7 +33,8 @@ run `trainlab train RECIPE` with the same flags would start, and prints:
   - where the memory goes at the peak: parameters, gradients, optimizer states, activations, frozen models, ...;
   - the allocator's reserved peak and, with --gpu, the CUDA context and workspaces, the total and FITS / DOES NOT FIT;
   - the largest micro-batch that fits, the --grad-accumulation that keeps the global batch, the GPUs it needs;
-  - levers (16-bit precision, activation checkpointing, ...) with their predicted totals, and the hand formula.
+  - levers (16-bit precision, activation checkpointing, --fsdp, ...) with their predicted totals, and the hand
+    formula; with --fsdp --gpus N, one rank's sharded states and gathered working set.
 The training flag --device picks what is planned: cuda (auto plans for CUDA) or cpu."""
 
 
@@ -142,8 +144,12 @@ def main(argv: list[str]) -> int:
     gpu = gpu_profile(options.gpu) if options.gpu is not None else None
     if gpu is not None and device_type != "cuda":
         raise UsageError("--gpu plans for a CUDA device; drop --device cpu (or drop --gpu)")
+    fsdp = fsdp_settings(config, options.gpus)
+    # the trace is one process's step (as under DDP); the sharding is modelled from it (`memory.fsdp_memory`)
+    config = dataclasses.replace(config, fsdp=False, fsdp_reshard_after_forward=True, fsdp_cpu_offload=False)
     recipe = recipe_cls(config)
-    result = plan(recipe, PlanRequest(device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=options.gpus))
+    request = PlanRequest(device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=options.gpus, fsdp=fsdp)
+    result = plan(recipe, request)
     hand = _hand(recipe, result)
     if options.json:
         print(json.dumps(to_json(result, hand), indent=2))
@@ -157,6 +163,21 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def fsdp_settings(config: Any, gpus: int) -> FsdpSettings | None:
+    """The run's `--fsdp` and its options over `gpus` as planned (None: no --fsdp, or one GPU, where `--fsdp` is a
+    no-op: said on stderr). Options without --fsdp are refused by the config's own checks."""
+    from trainlab.memory.fsdp_memory import FsdpSettings
+
+    if not config.fsdp:
+        return None
+    if gpus == 1:
+        print(
+            "--fsdp with --gpus 1 is a no-op (one process trains the whole model): planned without it", file=sys.stderr
+        )
+        return None
+    return FsdpSettings(gpus, config.fsdp_reshard_after_forward, config.fsdp_cpu_offload)
 
 
 def _hand(recipe: Any, result: Plan) -> HandEstimate:
@@ -220,6 +241,8 @@ def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
         "hand_estimate_bytes": [hand.low_bytes, hand.high_bytes],
         "notes": result.notes,
     }
+    if result.fsdp is not None:
+        out["fsdp"] = dataclasses.asdict(result.fsdp)
     if result.gpu is not None:
         out.update(
             gpu=result.gpu.name,
@@ -234,6 +257,17 @@ def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
             ],
         )
     return out
+
+
+def _fsdp_rows(m: FsdpMemory) -> list[str]:
+    from trainlab.memory.fsdp_memory import breakdown_rows
+
+    lines = [f"{f'FSDP2 rank of {m.world} ({m.units} shard units)':<40}{'bytes':>16}"]
+    lines += [f"  {label:<38}{_gib(value):>16}" for label, value in breakdown_rows(m)]
+    lines.append(f"{'peak of live tensors on one rank':<40}{_gib(m.peak_bytes):>16}")
+    if m.host_bytes:
+        lines.append(f"  (--fsdp-cpu-offload: {_gib(m.host_bytes)} of shards on the host, not on the GPU)")
+    return lines
 
 
 def render(result: Plan, hand: HandEstimate) -> str:
@@ -261,6 +295,8 @@ def render(result: Plan, hand: HandEstimate) -> str:
         ("autocast weight copies", p["autocast_copies"]),
     ]
     lines += [f"  {label:<38}{_gib(value):>16}" for label, value in rows]
+    if result.fsdp is not None:
+        lines += _fsdp_rows(result.fsdp)
     lines.append(
         f"{'peak of live tensors' + (' (512 B blocks)' if cuda else ''):<40}{_gib(b.peak_allocated_bytes):>16}"
     )

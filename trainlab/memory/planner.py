@@ -19,6 +19,7 @@ from trainlab.engine.recipe import Recipe
 from trainlab.engine.sampler import micro_batch_size
 from trainlab.errors import UsageError
 from trainlab.memory.breakdown import Breakdown, breakdown
+from trainlab.memory.fsdp_memory import FsdpMemory, FsdpPlanner, FsdpSettings
 from trainlab.memory.gpus import GpuProfile
 from trainlab.memory.moco_keys import accumulation_effect, moco_plan_notes
 from trainlab.memory.trace import PlanDevice, trace_training
@@ -34,6 +35,7 @@ class PlanRequest:
     gpu: GpuProfile | None = None
     gpus: int = 1
     search: bool = True  # search the largest micro-batch and levers (needs --gpu)
+    fsdp: FsdpSettings | None = None  # --fsdp: parameters, gradients and optimizer states sharded over the GPUs
 
 
 @dataclass
@@ -82,9 +84,12 @@ class Plan:
     activation_checkpointing: bool = False
     # --compile runs are traced as the eager step (inductor's fused kernels usually keep fewer intermediates)
     compiled: bool = False
+    fsdp: FsdpMemory | None = None  # --fsdp over several GPUs: one rank's sharded states and gathered working set
 
 
-def overheads(device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_bytes: int, has_conv: bool) -> Overheads:
+def overheads(
+    device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_bytes: int, has_conv: bool, fsdp: bool = False
+) -> Overheads:
     if device != "cuda" or gpu is None:
         return Overheads()
     return Overheads(
@@ -93,7 +98,7 @@ def overheads(device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_b
         cudnn_workspace_bytes=gpu.cudnn_workspace_bytes if has_conv else 0,
         nccl_bytes=gpu.nccl_bytes if gpus > 1 else 0,
         # DDP's gradient buckets: one more gradient-sized copy (gradient_as_bucket_view is off in the engine)
-        ddp_buckets_bytes=gradients_bytes if gpus > 1 else 0,
+        ddp_buckets_bytes=gradients_bytes if gpus > 1 and not fsdp else 0,  # FSDP: its reduce-scatter buffer
     )
 
 
@@ -147,10 +152,12 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         raise UsageError(f"--gpus must be >= 1, got {request.gpus}")
     micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, request.gpus)
     tracer = _Tracer(recipe, request.device)
+    sharding = FsdpPlanner(recipe, request.fsdp) if request.fsdp is not None and request.gpus > 1 else None
 
     def total(b: Breakdown, gpus: int = request.gpus) -> int:
-        extra = overheads(request.device, request.gpu, gpus, b.gradients_bytes, b.uses_convolution)
-        return b.peak_reserved_bytes + extra.total
+        fsdp = sharding is not None and gpus > 1
+        extra = overheads(request.device, request.gpu, gpus, b.gradients_bytes, b.uses_convolution, fsdp)
+        return (sharding.reserved(b, gpus) if sharding is not None and fsdp else b.peak_reserved_bytes) + extra.total
 
     main = tracer(micro, cfg.grad_accumulation)
     result = Plan(
@@ -159,8 +166,11 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         global_batch=cfg.batch_size,
         gpus=request.gpus,
         breakdown=main,
-        overheads=overheads(request.device, request.gpu, request.gpus, main.gradients_bytes, main.uses_convolution),
+        overheads=overheads(
+            request.device, request.gpu, request.gpus, main.gradients_bytes, main.uses_convolution, bool(sharding)
+        ),
         total_bytes=total(main),
+        fsdp=sharding.memory(main) if sharding is not None else None,
         gpu=request.gpu,
         activation_checkpointing=cfg.activation_checkpointing,
         compiled=cfg.compile,
@@ -197,6 +207,8 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
             None,
         )
     result.levers = _levers(recipe, request, tracer, total, result, micro)
+    if sharding is None and request.gpus > 1:
+        result.levers.append(_fsdp_lever(recipe, request, tracer, result, micro))
     result.traces = len(tracer.cache)
     return result
 
@@ -372,3 +384,28 @@ def _levers(
             Lever("more GPUs", f"--gpus {n} (micro-batch {cfg.batch_size // n}, no accumulation)", t, t <= capacity)
         )
     return levers
+
+
+def _fsdp_lever(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, result: Plan, micro: int) -> Lever:
+    """`--fsdp` on the same GPUs: its total at the configured micro-batch and the largest micro-batch it allows."""
+    assert request.gpu is not None
+    sharding = FsdpPlanner(recipe, FsdpSettings(world=request.gpus))
+    capacity = request.gpu.total_bytes
+    per_gpu_batch = recipe.config.batch_size // request.gpus
+
+    def total_at(m: int, accumulation: int) -> int:
+        b = tracer(m, accumulation)
+        extra = overheads(request.device, request.gpu, request.gpus, b.gradients_bytes, b.uses_convolution, True)
+        return sharding.reserved(b) + extra.total
+
+    t = total_at(micro, recipe.config.grad_accumulation)
+    largest = largest_fitting(
+        lambda m: total_at(m, 1 if m == per_gpu_batch else 2), capacity, per_gpu_batch, lower=result.min_micro_batch
+    )
+    ddp = result.max_micro_batch or 0
+    if result.fits:
+        gain = f"largest micro-batch {largest} (DDP: {ddp})" if largest > ddp else f"no larger micro-batch ({ddp})"
+    else:
+        gain = f"DDP does not fit; largest micro-batch {largest}" if largest else "does not fit either"
+    description = f"--fsdp (states sharded over {request.gpus} GPUs, micro-batch {micro}): {gain}"
+    return Lever("fsdp", description, t, t <= capacity)
