@@ -118,7 +118,7 @@ def take_options(cls: type[T], argv: list[str]) -> tuple[T, list[str]]:
     values: dict[str, Any] = {}
     rest = list(argv)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        rest, value = _take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
+        rest, value = _take_flag(rest, "--" + f.name.replace("_", "-"), is_switch=f.type in (bool, "bool"))
         if value is not None:
             values[f.name] = value
     return from_dict(cls, values), rest
@@ -154,7 +154,8 @@ def gpus_of(spec: str | None) -> tuple[GpuProfile | None, tuple[GpuProfile, ...]
         names = [name.strip() for name in spec.split(",") if name.strip()]
         if not names:
             raise UsageError(f"--gpu {spec!r}: name GPUs separated by commas, e.g. --gpu H100-80GB,A100-80GB")
-        return None, tuple(dict.fromkeys(gpu_profile(name) for name in names))
+        profiles = {profile.name: profile for profile in (gpu_profile(name) for name in names)}
+        return None, tuple(profiles.values())
     return gpu_profile(spec), ()
 
 

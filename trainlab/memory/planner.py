@@ -24,6 +24,7 @@ from trainlab.memory.breakdown import Breakdown, breakdown
 from trainlab.memory.flop_counter import StepFlops
 from trainlab.memory.flops import compute_name, recipe_family
 from trainlab.memory.gpus import GpuProfile
+from trainlab.memory.log_once import each_message_once
 from trainlab.memory.moco_keys import accumulation_lever_effect, moco_plan_notes
 from trainlab.memory.run_cost import DataRate, RunCost, known_dataset_size, run_cost, stored_data_rate
 from trainlab.memory.trace import PlanDevice, TracedRun, trace_training
@@ -238,6 +239,11 @@ def _checkpointing_supported(tracer: _Tracer) -> bool:
 
 def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     """Trace the configured run and answer the planning questions (see the module docstring)."""
+    with each_message_once():
+        return _plan(recipe, request)
+
+
+def _plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     cfg = recipe.config
     if request.gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {request.gpus}")
