@@ -5,6 +5,11 @@ GPU, the largest micro-batch that fits (a search over traced micro-batches), the
 the global batch, the GPUs the global batch needs, and levers with their predicted totals.
 `auto_accumulation(recipe, device, capacity)` answers only the accumulation question, for
 `trainlab train --grad-accumulation auto`.
+
+Time and cost: the configured step's FLOPs are counted in its trace; with a GPU, `run_cost` turns them into step
+time, run time, GPU-hours and cost; `request.candidates` (`--gpu all`) adds one row per GPU x count that fits.
+Per-GPU memory is `overheads` + the traced reserved peak (`_totals`): a sharded mode (FSDP) would divide the
+parameter, gradient and optimizer-state bytes of the trace by its sharding factor there.
 """
 
 from __future__ import annotations
