@@ -18,9 +18,27 @@ from trainlab.memory.trace import TracedRun
 FittedRun = Callable[[int], TracedRun]
 
 
+def _canonical(events: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The events with each run of consecutive frees in index order: storages that die together (one tensor's
+    release frees several) are released in an order that can differ between traces, and the allocator's state after
+    the whole run of frees does not depend on it (free blocks merge the same way)."""
+    out: list[tuple[int, int]] = []
+    frees: list[tuple[int, int]] = []
+    for event in events:
+        if event[0] < 0:
+            frees.append(event)
+            continue
+        out += sorted(frees)
+        frees = []
+        out.append(event)
+    return out + sorted(frees)
+
+
 def _same_structure(a: TracedRun, b: TracedRun) -> bool:
     ta, tb = a.trace, b.trace
-    if ta.events != tb.events or ta.step_starts != tb.step_starts or len(ta.records) != len(tb.records):
+    if ta.step_starts != tb.step_starts or len(ta.records) != len(tb.records):
+        return False
+    if ta.events != tb.events and _canonical(ta.events) != _canonical(tb.events):
         return False
     return all(
         (ra.region, ra.step, ra.label, ra.autocast_copy, ra.written_by_recipe_hook)
