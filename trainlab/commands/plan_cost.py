@@ -75,6 +75,10 @@ def _hours(h: float | None) -> str:
     return f"{h * 60:,.1f} min" if h < 1 else f"{h:,.1f} h" if h < 48 else f"{h / 24:,.1f} d"
 
 
+def _gpu_hours(h: float | None) -> str:
+    return "-" if h is None else f"{h:,.0f}" if h >= 10 else f"{h:,.2f}"
+
+
 def _usd(c: RunCost) -> str:
     if c.cost_usd is None:
         return "-"
@@ -109,7 +113,7 @@ def render_time_and_cost(result: Plan, config_flags: str) -> str:
         if c.steps is not None:
             lines.append(
                 f"  run: {c.steps:,} steps ({result.epochs} epochs of {result.dataset_size:,} samples) = "
-                f"{_hours(c.run_hours)}, {c.gpu_hours:,.0f} GPU-hours, cost {_usd(c)}"
+                f"{_hours(c.run_hours)}, {_gpu_hours(c.gpu_hours)} GPU-hours, cost {_usd(c)}"
                 + (f" at ${c.price.usd_per_hour:.2f}/GPU-hour" if c.price else "")
             )
     elif result.gpu is not None and result.flops is not None:
