@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from trainlab.engine.shapes_only import shapes_only, weights_needed
 from trainlab.errors import UsageError
 from trainlab.memory.trace import trace_training
 from trainlab.models.var.convert import load_tokenizer
 from trainlab.models.var.vqvae import VQVAE, vqvae_config
 from trainlab.recipes.var import VARRecipe
+from trainlab.user_files import shapes_only, weights_needed
 
 PATCH_NUMS = (1, 2, 4, 16)  # 16 x 16 tokens of the official tokenizer: 256 px
 

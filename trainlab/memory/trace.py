@@ -6,7 +6,7 @@ module's hooks: models placed on fake CPU tensors in place, their storages label
 wrapped to mark regions. Then `StepRunner.run` runs, so forward, loss, backward, unscale, clip, optimizer step,
 scaler update, the recipe's `after_optimizer_step` and the averaged copies' update are the training code, not a
 model of it. Batches come from `recipe.example_batch(micro_batch)`. The recipe is built inside
-`engine.shapes_only`: frozen models need no weights file (a given one is read for its shapes only).
+`user_files.shapes_only`: frozen models need no weights file (a given one is read for its shapes only).
 
 The run's length: no data is read, so the planner assumes a long run of about `PLANNED_TOTAL_STEPS` optimizer steps
 over the config's epochs, stopped by `--max-steps` when that is set (`engine.run_length`: the same definition as the
@@ -40,10 +40,10 @@ from trainlab.engine.assemble import AssemblyHooks, assemble
 from trainlab.engine.precision import Precision
 from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
 from trainlab.engine.run_length import RunLength, run_length
-from trainlab.engine.shapes_only import shapes_only
 from trainlab.memory.cuda_autocast import CudaAutocastPolicy
 from trainlab.memory.flop_counter import FlopCounter, StepFlops
 from trainlab.memory.tracer import Region, StorageTracer, Trace, tracing
+from trainlab.user_files import shapes_only
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainlab.engine.shapes_only import weights_needed
 from trainlab.errors import UsageError
 from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAE_NAMES
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, infer_vqvae_config, vqvae_config
-from trainlab.user_files import check_state_dict, load_user_file
+from trainlab.user_files import check_state_dict, load_user_file, weights_needed
 
 log = logging.getLogger(__name__)
 
