@@ -42,6 +42,7 @@ def test_gpu_all_is_one_table_sorted_by_cost(capsys: pytest.CaptureFixture[str])
     assert main(["plan", *TOY, "--gpu", "all", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["candidates"]
     assert {(r["gpu"], r["gpus"]) for r in rows} == {(g, n) for g in GPU_PROFILES for n in (1, 2, 4, 8)}
+    assert all(r["margin_bytes"] >= 0 for r in rows)  # only what fits
     costs = [r["cost_usd"] for r in rows]
     assert costs == sorted(costs)
     assert sum(r["cheapest"] for r in rows) == 1 and rows[0]["cheapest"]

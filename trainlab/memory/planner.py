@@ -361,8 +361,17 @@ def _candidates(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, plan
             m = largest_fitting(total_at, gpu.total_bytes, per_gpu, lower=plan.min_micro_batch)
             if not m:
                 continue
-            k = smallest_accumulation(per_gpu, m)
-            total = at(per_gpu // k, 1 if k == 1 else 2)
+            # the allocator's segments make the total step-wise, not monotone: check the micro-batch that divides
+            # the per-GPU batch itself, and accumulate more where it does not fit
+            fitting = (
+                (k, total)
+                for k in range(smallest_accumulation(per_gpu, m), per_gpu + 1)
+                if per_gpu % k == 0 and (total := at(per_gpu // k, 1 if k == 1 else 2)) <= gpu.total_bytes
+            )
+            first = next(fitting, None)
+            if first is None:
+                continue
+            k, total = first
             cost = _cost(plan, request, gpu, n, per_gpu // k, k)
             rows.append(Candidate(gpu, n, per_gpu // k, k, total, gpu.total_bytes - total, cost))
 
