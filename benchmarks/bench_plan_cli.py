@@ -47,7 +47,7 @@ def run_case(argv: list[str]) -> dict[str, object]:
         "wall_seconds": round(wall, 2),
         "cpu_seconds": round(cpu, 2),
         "traces": int(traced.group(1)) if traced else None,
-        "stdout_tail": done.stdout.splitlines()[-25:],
+        "stdout_tail": done.stdout.splitlines()[-60:],
         "stderr_tail": done.stderr.splitlines()[-5:],
     }
 
