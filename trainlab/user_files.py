@@ -3,6 +3,9 @@
 - `load_user_file(path, what, fix=...)` reads a `torch.save` file (`.pt`, `.pth`, `.pth.tar`, ...) with
   `torch.load(map_location="cpu", weights_only=True)` (memory-mapped where the format allows) or a `.safetensors`
   file; a missing file or any read failure is one `UsageError` naming the file, the reason and the fix.
+- `shapes_only()` / `weights_needed()`: the memory planner builds recipes for their shapes only; inside it, a
+  frozen model may be made from its registered architecture without its file, and a given file is read for its
+  names and shapes only (no value is needed on fake tensors).
 - `check_state_dict(found, expected, source=...)` compares a state dict with the model's own: the same keys, each
   tensor with the model's shape, a floating-point dtype where the model holds floats (an integer or bool one where it
   holds those), and only finite values (`neg_inf_ok` names buffers that are -inf by design, e.g. an attention mask).
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,23 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from trainlab.errors import UsageError, first_line
+
+_SHAPES_ONLY: ContextVar[bool] = ContextVar("shapes_only", default=False)
+
+
+@contextmanager
+def shapes_only() -> Iterator[None]:
+    """Within: models are built for their shapes; weight values are neither needed nor read."""
+    token = _SHAPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
+def weights_needed() -> bool:
+    """False inside `shapes_only()` (the memory planner)."""
+    return not _SHAPES_ONLY.get()
 
 
 def _reason(err: BaseException) -> str:
