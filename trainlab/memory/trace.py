@@ -26,6 +26,7 @@ log_softmax, sum, exp, pow, ... in fp32). The SDPA backend's saved tensors are s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from trainlab.engine.precision import Precision
 from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
 from trainlab.engine.run_length import RunLength, run_length
 from trainlab.memory.cuda_autocast import CudaAutocastPolicy
+from trainlab.memory.flop_counter import FlopCounter, StepFlops
 from trainlab.memory.tracer import Region, StorageTracer, Trace, tracing
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class TracedRun:
     frozen_bytes: int
     uses_convolution: bool
     optimizers: list[str]
+    flops: StepFlops | None = None  # the last traced optimizer step's (with `count_flops`)
 
 
 class _RegionRecipe(Recipe[Any]):
@@ -147,6 +150,7 @@ def trace_training(
     grad_accumulation: int,
     length: RunLength | None = None,
     cuda_autocast: bool | None = None,
+    count_flops: bool = False,
 ) -> TracedRun:
     """Run the recipe's training step on fake tensors and record every storage allocation and free.
 
@@ -157,6 +161,7 @@ def trace_training(
         grad_accumulation: micro-batches per optimizer step.
         length: the run's length (default: `planned_length` of the config's epochs and --max-steps).
         cuda_autocast: substitute CUDA autocast's cast policy (default: when `device` is "cuda").
+        count_flops: also count the FLOPs and bytes of the last traced optimizer step (`memory.flop_counter`).
 
     Returns:
         The trace, with parameters, gradients, optimizer states, frozen models and averaged copies labelled.
@@ -183,8 +188,10 @@ def trace_training(
             _hook_optimizer(tracer, phase.optimizer)
 
     hooks = AssemblyHooks(place=place, after_build=after_build, step_recipe=lambda r: _RegionRecipe(r, tracer))
+    counter = FlopCounter(tracer) if count_flops else None
     with (
         tracing(tracer),
+        counter if counter is not None else contextlib.nullcontext(),
         torch.random.fork_rng(devices=[]),
         CudaAutocastPolicy(enabled=use_cuda_policy),
         precision.default_dtype(),
@@ -192,7 +199,8 @@ def trace_training(
         run = assemble(recipe, device=cpu, precision=precision, length_of=lambda parts: planned, hooks=hooks)
         parts, runner = run.parts, run.runner
         batches = _batches(recipe, tracer, micro_batch)
-        for position, step in enumerate(traced_step_indices(planned.stop_step)):
+        steps = traced_step_indices(planned.stop_step)
+        for position, step in enumerate(steps):
             tracer.step = position
             tracer.region = "batch"
             tracer.mark_step_start()
@@ -220,6 +228,7 @@ def trace_training(
             frozen_bytes=frozen_bytes,
             uses_convolution=tracer.uses_convolution,
             optimizers=[type(p.optimizer).__name__.lower() for p in parts.phases],
+            flops=None if counter is None else counter.step_flops(len(steps) - 1, micro_batch * grad_accumulation),
         )
         del run, runner, parts, batches
     traced.trace.events = traced.trace.events[: traced.trace.end]
