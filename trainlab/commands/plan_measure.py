@@ -1,0 +1,240 @@
+"""`trainlab plan RECIPE ... --measure [--steps N]`: the plan, then the real step measured on the device present.
+
+On the device the training flag `--device` names (default: the recipe's; `auto` is CUDA when present, else the
+CPU): the memory plan for that device (on CUDA against the present GPU's profile), then `memory.measure.measure_step`
+(warm-up steps, then N timed optimizer steps of the real recipe on synthetic batches), and beside each other:
+measured and estimated s/step, samples/s, achieved TFLOP/s and MFU (where the device's peak is known), the measured
+and the planned peak memory, and the projection of the whole run (the configured epochs x steps per epoch of the
+dataset size). On CUDA with a known peak the measured efficiency (MFU against the traced FLOPs the estimate uses) is
+stored for the GPU and the recipe family (`memory.efficiency.store_measured`); later estimates for that GPU and
+family use it, and the output says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trainlab.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainlab.commands.plan import PlanOptions
+    from trainlab.engine.recipe import Recipe
+    from trainlab.engine.run_length import RunLength
+    from trainlab.memory.gpus import GpuProfile
+    from trainlab.memory.measure import Measurement
+    from trainlab.memory.trace import PlanDevice
+
+
+def present_device(name: str, gpu: str | None) -> tuple[torch.device, GpuProfile | None]:
+    """The device `--measure` runs on and its GPU profile (None: a CPU, or a GPU not in the table).
+
+    Raises:
+        UsageError: `--gpu` names another GPU than the present device (one line: measure there, or drop one flag).
+    """
+    import torch
+
+    from trainlab.engine.device import resolve_device
+    from trainlab.memory.gpus import gpu_profile, profile_for_device_name
+
+    device = resolve_device(name)
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--measure runs on cpu or cuda, not {device.type}; pass --device cpu or cuda")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    present = profile_for_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if gpu is not None:
+        wanted = gpu_profile(gpu)
+        here = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU (the CPU)"
+        if present is None or present.name != wanted.name:
+            raise UsageError(
+                f"--measure runs on the device present ({here}), not {wanted.name}: run it on a {wanted.name}, or "
+                "drop --measure to estimate, or drop --gpu to measure here"
+            )
+    return device, present
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The estimate beside the measurement (None fields: no estimate, with `why`)."""
+
+    step_seconds: float | None
+    efficiency: float | None
+    efficiency_source: str
+    family: str
+    traced_flops: int
+    why: str
+
+
+def _estimate(recipe: Recipe[Any], gpu: GpuProfile | None, gpus: int, device_type: str) -> Estimate:
+    """The planner's time estimate for the present device (before a new measurement is stored)."""
+    from trainlab.memory.efficiency import efficiency_for
+    from trainlab.memory.flops import compute_name, count_step_flops, estimate_step_seconds, recipe_family
+
+    family = recipe_family(recipe)
+    flops = count_step_flops(recipe, gpus=gpus, device="cuda" if device_type == "cuda" else "cpu")
+    compute = compute_name(recipe.config.precision)
+    if gpu is None or gpu.peak_flops(compute) is None:
+        why = "no estimate: no data-sheet peak for this device" + (" (a CPU)" if device_type == "cpu" else "")
+        return Estimate(None, None, "", family, flops.total, why)
+    efficiency = efficiency_for(gpu.name, family)
+    seconds = estimate_step_seconds(flops, gpu, compute, efficiency.value)
+    why = f"{gpu.name}, {compute}, efficiency {efficiency.value:.3f} {efficiency.source} ({family})"
+    return Estimate(seconds, efficiency.value, efficiency.source, family, flops.total, why)
+
+
+def measure_main(recipe: Recipe[Any], options: PlanOptions) -> int:
+    """`trainlab plan RECIPE ... --measure`: see the module docstring. Returns the exit code."""
+    import torch
+
+    from trainlab.commands.plan import _hand, render, to_json
+    from trainlab.memory.measure import measure_step
+    from trainlab.memory.planner import PlanRequest, plan
+
+    device, gpu = present_device(recipe.config.device, options.gpu)
+    device_type: PlanDevice = "cuda" if device.type == "cuda" else "cpu"
+    estimate = _estimate(recipe, gpu, options.gpus, device_type)
+    result = plan(recipe, PlanRequest(device=device_type, gpu=gpu, gpus=options.gpus))
+    dataset_size = getattr(options, "dataset_size", None)
+    fresh = type(recipe)(recipe.config)  # the planner traced `recipe` on fake tensors: build the real one anew
+    measured = measure_step(
+        fresh,
+        device,
+        steps=options.steps,
+        gpus=options.gpus,
+        dataset_size=dataset_size,
+        flops_per_step=estimate.traced_flops,
+        flops_source="traced (the estimate's count)",
+    )
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    stored = store_efficiency(measured, gpu, estimate.family, device_name)
+    keys = measured_json(measured, estimate, _length(recipe, dataset_size), stored)
+    if options.json:
+        print(json.dumps({**to_json(result, _hand(recipe, result)), **keys}, indent=2))
+    else:
+        print(render(result, _hand(recipe, result)))
+        print()
+        print(render_measured(measured, estimate, keys, stored))
+    return 0
+
+
+def store_efficiency(measured: Measurement, gpu: GpuProfile | None, family: str, device_name: str) -> str:
+    """Store the measured efficiency (its MFU) for `gpu` and `family` where it is a CUDA device's with a known peak;
+    returns the line saying so ('' where nothing is stored: a CPU, a GPU not in the table, no peak for the dtype)."""
+    import torch
+
+    from trainlab.memory.efficiency import store_measured
+
+    mfu = measured.mfu
+    if gpu is None or mfu is None or not measured.device.startswith("cuda") or not 0 < mfu <= 1:
+        return ""
+    path = store_measured(
+        gpu.name,
+        family,
+        mfu,
+        {
+            "measured_step_seconds": measured.median_step_seconds,
+            "precision": measured.precision,
+            "micro_batch": measured.micro_batch,
+            "grad_accumulation": measured.grad_accumulation,
+            "torch": torch.__version__,
+            "device_name": device_name,
+        },
+    )
+    return f"stored: efficiency {mfu:.3f} in {path}; later estimates for GPU {gpu.name} and family {family} use it"
+
+
+def measured_json(
+    measured: Measurement, estimate: Estimate, run_length: RunLength | None, stored: str
+) -> dict[str, Any]:
+    """The `--json` keys `--measure` adds to the plan's."""
+    out: dict[str, Any] = {
+        "measured_device": measured.device,
+        "measured_step_seconds": measured.median_step_seconds,
+        "measured_step_seconds_all": measured.step_seconds,
+        "measured_samples_per_second": measured.samples_per_second,
+        "measured_tflops": measured.achieved_tflops,
+        "measured_mfu": measured.mfu,
+        "measured_flops_per_step": measured.flops_per_step,
+        "measured_steps": measured.steps,
+        "measured_warmup_steps": measured.warmup_steps,
+        "measured_peak_memory_bytes": measured.memory.get("peak_memory_bytes"),
+        "measured_memory_kind": measured.memory.get("memory_kind"),
+        "measured_reserved_bytes": measured.memory.get("cuda_max_reserved_bytes"),
+        "measured_peak_tflops": None if measured.peak.flops is None else measured.peak.flops / 1e12,
+        "measured_peak_source": measured.peak.why,
+        "estimated_step_seconds": estimate.step_seconds,
+        "estimated_efficiency": estimate.efficiency,
+        "estimated_efficiency_source": estimate.efficiency_source or None,
+        "efficiency_stored": bool(stored),
+    }
+    steps = None if run_length is None else run_length.stop_step
+    out["projected_run_steps"] = steps
+    out["projected_run_seconds"] = None if steps is None else steps * measured.median_step_seconds
+    return out
+
+
+def _length(recipe: Recipe[Any], dataset_size: int | None) -> RunLength | None:
+    """The configured run's length for `dataset_size` samples per epoch, as the Trainer derives it (None: unknown)."""
+    from trainlab.engine.run_length import run_length
+
+    if dataset_size is None:
+        return None
+    cfg = recipe.config
+    return run_length(max(dataset_size // cfg.batch_size, 1), epochs=cfg.epochs, max_steps=cfg.max_steps)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def render_measured(measured: Measurement, estimate: Estimate, keys: dict[str, Any], stored: str) -> str:
+    """The measured section below the plan."""
+    from trainlab.engine.metrics import flops_rate
+
+    s = measured.median_step_seconds
+    spread = f"{min(measured.step_seconds):.4g}-{max(measured.step_seconds):.4g}"
+    lines = [
+        f"measured on {measured.device} ({measured.precision}, micro-batch {measured.micro_batch} x accumulation "
+        f"{measured.grad_accumulation}; {measured.warmup_steps} warm-up + {measured.steps} timed optimizer steps, "
+        "synthetic batches):",
+        f"  s/step             {s:.4g} (median; range {spread})"
+        + (
+            f"; estimated {estimate.step_seconds:.4g} ({estimate.why})"
+            if estimate.step_seconds is not None
+            else f"; {estimate.why}"
+        ),
+        f"  samples/s          {measured.samples_per_second:,.4g} (global batch {measured.global_batch})",
+        f"  achieved           {flops_rate(measured.achieved_tflops)} per device ({measured.flops_per_step:,} "
+        f"FLOPs per step, {measured.flops_source})",
+        "  MFU                "
+        + (f"{100 * measured.mfu:.1f}% of {measured.peak.why}" if measured.mfu is not None else measured.peak.why),
+    ]
+    memory = measured.memory
+    if memory.get("memory_kind") == "cuda_max_allocated":
+        lines.append(
+            f"  peak memory        allocated {memory['peak_memory_bytes'] / 2**30:,.2f} GiB, reserved "
+            f"{memory['cuda_max_reserved_bytes'] / 2**30:,.2f} GiB (torch.cuda.max_memory_allocated / _reserved)"
+        )
+    else:
+        lines.append(
+            "  peak memory        not measured on a CPU; resident set growth "
+            f"{memory['peak_memory_bytes'] / 2**20:,.0f} MiB (high-water mark)"
+        )
+    if keys.get("projected_run_seconds") is not None:
+        lines.append(
+            f"  whole run          {keys['projected_run_steps']:,} optimizer steps x {s:.4g} s = "
+            f"{_duration(keys['projected_run_seconds'])} (measured s/step; data loading not included)"
+        )
+    else:
+        lines.append("  whole run          not projected: the dataset size is not known")
+    if stored:
+        lines.append(stored)
+    return "\n".join(lines)
