@@ -113,3 +113,17 @@ def test_measure_table(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for row in ("measured on cpu", "s/step", "samples/s", "FLOP/s per device", "unknown peak", "not measured on a CPU"):
         assert row in text
+
+
+def test_the_present_gpu_is_found_by_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainlab.commands.plan_measure import present_device
+    from trainlab.engine import device as device_module
+    from trainlab.errors import UsageError
+
+    monkeypatch.setattr(device_module, "resolve_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    device, profile = present_device("cuda", None)
+    assert device == torch.device("cuda", 0) and profile is not None and profile.name == "H100-80GB"
+    assert present_device("cuda", "h100-80gb")[1] == profile  # the present GPU named: fine
+    with pytest.raises(UsageError, match=r"runs on the device present .*H100 80GB HBM3.*, not A100-80GB"):
+        present_device("cuda", "A100-80GB")
