@@ -80,7 +80,9 @@ def test_training_logs_images_per_second_and_achieved_tflops(tmp_path: Path) -> 
     assert summarize_run(run_dir)["achieved_tflops"] == summary["achieved_tflops"]
 
 
-def test_flops_are_counted_once_per_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flops_are_counted_on_the_first_step_and_at_most_every_recount_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[int] = []
     real = throughput.count_flops
 
@@ -89,8 +91,14 @@ def test_flops_are_counted_once_per_epoch(tmp_path: Path, monkeypatch: pytest.Mo
         return real(run)
 
     monkeypatch.setattr(throughput, "count_flops", counting)
-    assert main([*TOY, "--epochs", "3", "--run-dir", str(tmp_path / "run")]) == 0
-    assert len(calls) == 3  # 3 epochs of 4 steps: each epoch's first step
+    assert main([*TOY, "--epochs", "3", "--run-dir", str(tmp_path / "a")]) == 0
+    assert len(calls) == 1  # 12 steps: the first only
+    monkeypatch.setattr(throughput, "RECOUNT_STEPS", 6)
+    assert main([*TOY, "--epochs", "5", "--run-dir", str(tmp_path / "b")]) == 0
+    assert len(calls) == 1 + 4  # 5 epochs of 4 steps: steps 0, 6, 12 and 18 (each in a later epoch)
+    meter = Throughput(global_batch=1, peak=DevicePeak(None, "", ""), count=True)
+    meter._counted = (0, 0)
+    assert not meter.due(0, 7) and meter.due(1, 6) and not meter.due(1, 5)  # a later epoch and 6 steps on
 
 
 def test_mfu_where_the_peak_is_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -441,7 +441,7 @@ class Trainer:
             while self.progress.step_in_epoch < self.steps_per_epoch:
                 info = self.step_info()
                 try:
-                    metrics = self._throughput.run_step(partial(self.runner.run, iterator, info), epoch)
+                    metrics = self._throughput.run_step(partial(self.runner.run, iterator, info), epoch, info.step)
                 except RuntimeError as err:
                     if not _overflows_weight_dtype(err):
                         raise

@@ -1,12 +1,13 @@
 """Training throughput: images/s, achieved TFLOP/s and model FLOPs utilisation (MFU), logged with the metrics.
 
-FLOPs per optimizer step are counted on the real step, not modelled: the first optimizer step of each epoch that
-this process trains runs under a dispatch mode that adds up `torch.utils.flop_counter`'s formulas for the matrix
-products, convolutions and attention kernels of the forward and the backward (the "model FLOPs" of MFU, as
-nanoGPT, torchtitan and PaLM count them; elementwise ops, norms and the optimizer's update are not counted). Counted
-once per epoch rather than once per run, so a step that grows (VAR's progressive schedule, a phase that starts
-late) is re-counted at the next epoch; a counted step costs more host time than the others (the bench in
-`tests/test_engine_throughput.py` states how much), the other steps nothing.
+FLOPs per optimizer step are counted on the real step, not modelled: the first optimizer step this process trains
+runs under a dispatch mode that adds up `torch.utils.flop_counter`'s formulas for the matrix products, convolutions
+and attention kernels of the forward and the backward (the "model FLOPs" of MFU, as nanoGPT, torchtitan and PaLM
+count them; elementwise ops, norms and the optimizer's update are not counted). A step that grows (VAR's
+progressive schedule, a phase that starts late) is counted again in a later epoch, at the first step
+`RECOUNT_STEPS` steps or more after the latest count. A counted step costs more host time than the others (about
+2-3 x on the CPU debug models, where Python dispatch dominates: `benchmarks/bench_plan_measure.py`), so counting
+at most once in `RECOUNT_STEPS` steps keeps the cost under 1 % of training; the other steps cost nothing.
 
 The clock is the loop's own: the window the data-wait clock (`engine.data_wait`) measures between two log rows. For
 each training log row: `images_per_second` (global batch x steps in the window / its seconds), `achieved_tflops`
@@ -34,6 +35,9 @@ from trainlab.engine.precision import Precision
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+RECOUNT_STEPS = 500
+"""Optimizer steps between two FLOP counts, at least (and the next count is in a later epoch)."""
 
 
 def compute_name(precision: Precision) -> str:
@@ -122,15 +126,25 @@ class Throughput:
         self.peak = peak
         self.count = count
         self.flops_per_step: int | None = None  # one process's optimizer step, the latest count
-        self._counted_epoch: int | None = None
+        self._counted: tuple[int, int] | None = None  # (epoch, step) of the latest count
         self._window_step = 0
 
-    def run_step(self, step: Callable[[], T], epoch: int) -> T:
-        """Run one optimizer step; the first of each epoch (in this process) is counted."""
-        if not self.count or self._counted_epoch == epoch:
+    def due(self, epoch: int, step: int) -> bool:
+        """Whether the optimizer step `step` (0-based) of `epoch` is counted: the first this process runs, then the
+        first step of a later epoch than the latest count's that is `RECOUNT_STEPS` or more steps after it."""
+        if not self.count:
+            return False
+        if self._counted is None:
+            return True
+        counted_epoch, counted_step = self._counted
+        return epoch != counted_epoch and step - counted_step >= RECOUNT_STEPS
+
+    def run_step(self, step: Callable[[], T], epoch: int, step_index: int) -> T:
+        """Run one optimizer step (`step_index`, 0-based, of `epoch`), counting its FLOPs when `due`."""
+        if not self.due(epoch, step_index):
             return step()
         result, flops = count_flops(step)
-        self._counted_epoch = epoch
+        self._counted = (epoch, step_index)
         self.flops_per_step = flops
         return result
 
@@ -160,4 +174,4 @@ class Throughput:
         """One line for the start of the run: what is counted and the peak MFU is measured against."""
         if not self.count:
             return "throughput: images/s only (--compile: inductor's kernels bypass the FLOP counter)"
-        return f"throughput: FLOPs counted on each epoch's first step; {self.peak.why}"
+        return f"throughput: FLOPs counted on the first step (again after {RECOUNT_STEPS} steps); {self.peak.why}"
