@@ -109,9 +109,10 @@ def test_measure_json_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path, m
 
 
 def test_measure_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", *TOY, "--measure", "--steps", "2"]) == 0
+    assert main(["plan", *TOY, "--measure", "--steps", "2", "--num-workers", "0"]) == 0
     text = capsys.readouterr().out
-    for row in ("measured on cpu", "s/step", "samples/s", "FLOP/s per device", "unknown peak", "not measured on a CPU"):
+    rows = ("measured on cpu", "s/step", "samples/s", "FLOP/s per device", "unknown peak", "not measured on a CPU")
+    for row in (*rows, "--num-workers 0 adds"):
         assert row in text
 
 

@@ -117,7 +117,7 @@ def measure_main(recipe: Recipe[Any], options: PlanOptions) -> int:
     else:
         print(render(result, _hand(recipe, result)))
         print()
-        print(render_measured(measured, estimate, keys, stored))
+        print(render_measured(measured, estimate, keys, stored, recipe.config.num_workers))
     return 0
 
 
@@ -195,7 +195,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def render_measured(measured: Measurement, estimate: Estimate, keys: dict[str, Any], stored: str) -> str:
+def render_measured(
+    measured: Measurement, estimate: Estimate, keys: dict[str, Any], stored: str, num_workers: int
+) -> str:
     """The measured section below the plan."""
     from trainlab.engine.metrics import flops_rate
 
@@ -235,6 +237,13 @@ def render_measured(measured: Measurement, estimate: Estimate, keys: dict[str, A
         )
     else:
         lines.append("  whole run          not projected: the dataset size is not known")
+    lines.append(
+        "  data               not read: a run with --num-workers 0 adds its pipeline's time to every step "
+        "(`trainlab bench data RECIPE` measures it per core); loader workers on free cores overlap it"
+        if num_workers == 0
+        else f"  data               not read: {num_workers} loader worker(s) must deliver "
+        f"{measured.samples_per_second:,.4g} samples/s to keep this pace (`trainlab bench data RECIPE`: per core)"
+    )
     if stored:
         lines.append(stored)
     return "\n".join(lines)
