@@ -26,7 +26,7 @@ def test_json_has_the_byte_counts(capsys: pytest.CaptureFixture[str]) -> None:
 def test_gpu_answers_fit_and_largest_micro_batch(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *TOY, "--device", "cuda", "--gpu", "RTX4090-24GB", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["fits"] is True and out["max_micro_batch"] == 32
+    assert out["fits"] is True and out["max_micro_batch"] > 32  # not capped at the configured batch
     assert out["peak_reserved_bytes"] >= out["peak_allocated_bytes"]
     assert out["total_bytes"] > out["peak_reserved_bytes"]  # context and workspaces
 

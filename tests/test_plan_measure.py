@@ -102,7 +102,9 @@ def test_measure_json_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path, m
     assert out["parameters_bytes"] > 0  # the plan's keys stay
     assert out["measured_step_seconds"] > 0 and len(out["measured_step_seconds_all"]) == 3
     assert out["measured_samples_per_second"] == pytest.approx(16 / out["measured_step_seconds"])
-    assert out["measured_tflops"] == pytest.approx(out["measured_flops_per_step"] / out["measured_step_seconds"] / 1e12)
+    assert out["measured_tflops"] == pytest.approx(out["flops_per_step"] / out["measured_step_seconds"] / 1e12)
+    assert out["dataset_size"] == 64 and out["projected_run_steps"] == 4  # 64 // 16 steps x 1 epoch
+    assert out["projected_run_seconds"] == pytest.approx(4 * out["measured_step_seconds"])
     assert out["measured_mfu"] is None and out["efficiency_stored"] is False
     assert out["measured_memory_kind"] == "cpu_peak_rss_growth"
     assert not (tmp_path / "efficiency.json").exists()

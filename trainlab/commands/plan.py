@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainlab.config import flags_help, from_dict, option, parse
 from trainlab.errors import UsageError
-from trainlab.memory.gpus import GPU_PROFILES, gpu_profile
+from trainlab.memory.gpus import GPU_PROFILES, GpuProfile, gpu_profile
 from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
 if TYPE_CHECKING:
@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-USAGE = "usage: trainlab plan RECIPE [--gpu NAME|GiB] [--gpus N] [--json] [flags of `trainlab train RECIPE`]"
+USAGE = (
+    "usage: trainlab plan RECIPE [--gpu NAME|GiB|all|A,B] [--gpus N] [--price NAME=USD_PER_HOUR ...] "
+    "[--dataset-size N] [--json] [flags of `trainlab train RECIPE`]"
+)
 
 WHAT_IT_PRINTS = """\
 Will RECIPE fit? Traces the recipe's real training step on fake tensors (no data is read, no GPU is needed) for the
@@ -32,7 +35,11 @@ run `trainlab train RECIPE` with the same flags would start, and prints:
   - where the memory goes at the peak: parameters, gradients, optimizer states, activations, frozen models, ...;
   - the allocator's reserved peak and, with --gpu, the CUDA context and workspaces, the total and FITS / DOES NOT FIT;
   - the largest micro-batch that fits, the --grad-accumulation that keeps the global batch, the GPUs it needs;
-  - levers (16-bit precision, activation checkpointing, ...) with their predicted totals, and the hand formula.
+  - levers (16-bit precision, activation checkpointing, ...) with their predicted totals, and the hand formula;
+  - the FLOPs of one optimizer step (traced), the predicted step time, run time, GPU-hours and cost (with --gpu:
+    at an assumed or measured efficiency; example prices unless --price NAME=USD_PER_HOUR, repeatable, is given),
+    and the CPU cores the data pipeline needs (from a stored `trainlab bench data RECIPE --json`).
+With --gpu all (or a comma list of GPUs): one table of every GPU x 1, 2, 4, 8 GPUs that fits, sorted by cost.
 The training flag --device picks what is planned: cuda (auto plans for CUDA) or cpu."""
 
 
@@ -42,11 +49,19 @@ class PlanOptions:
 
     gpu: str | None = option(
         None,
-        f"the GPU to plan for: {', '.join(GPU_PROFILES)}, or a size such as 48GiB (none: the traced peak only)",
-        metavar="NAME|GiB",
+        f"the GPU to plan for: {', '.join(GPU_PROFILES)}, or a size such as 48GiB (none: the traced peak only); "
+        "`all` or a comma list: a table of every GPU x 1, 2, 4, 8 GPUs that fits, sorted by cost",
+        metavar="NAME|GiB|all|A,B",
     )
     gpus: int = option(1, "GPUs (processes) sharing the global batch, as under `trainlab launch`", metavar="N", ge=1)
     json: bool = option(False, "print the plan as JSON instead of the table")
+    dataset_size: int = option(
+        0,
+        "training samples, for the run time when the data is not on this machine (0: the recipe's data where it "
+        "can be counted without reading it)",
+        metavar="N",
+        ge=0,
+    )
     measure: bool = option(False, "also run the real step on the device present and time it (plan_measure.py)")
     steps: int = option(20, "--measure: timed optimizer steps after 3 warm-up ones (median s/step)", metavar="N", ge=1)
 
@@ -105,10 +120,62 @@ def take_options(cls: type[T], argv: list[str]) -> tuple[T, list[str]]:
     values: dict[str, Any] = {}
     rest = list(argv)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        rest, value = _take_flag(rest, "--" + f.name, is_switch=f.type in (bool, "bool"))
+        rest, value = _take_flag(rest, "--" + f.name.replace("_", "-"), is_switch=f.type in (bool, "bool"))
         if value is not None:
             values[f.name] = value
     return from_dict(cls, values), rest
+
+
+def take_prices(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`--price NAME=USD_PER_HOUR` (repeatable) taken out of argv: the rest and the specs."""
+    rest: list[str] = []
+    specs: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--price":
+            if i + 1 >= len(argv):
+                raise UsageError("--price needs NAME=USD_PER_HOUR, e.g. --price H100-80GB=2.49")
+            specs.append(argv[i + 1])
+            i += 2
+            continue
+        if argv[i].startswith("--price="):
+            specs.append(argv[i].removeprefix("--price="))
+        else:
+            rest.append(argv[i])
+        i += 1
+    return rest, specs
+
+
+def gpus_of(spec: str | None) -> tuple[GpuProfile | None, tuple[GpuProfile, ...]]:
+    """`--gpu`: one GPU (name or size), or `all` / a comma list for the table (then no single GPU)."""
+    if spec is None:
+        return None, ()
+    if spec.strip().lower() == "all":
+        return None, tuple(GPU_PROFILES.values())
+    if "," in spec:
+        names = [name.strip() for name in spec.split(",") if name.strip()]
+        if not names:
+            raise UsageError(f"--gpu {spec!r}: name GPUs separated by commas, e.g. --gpu H100-80GB,A100-80GB")
+        profiles = {profile.name: profile for profile in (gpu_profile(name) for name in names)}
+        return None, tuple(profiles.values())
+    return gpu_profile(spec), ()
+
+
+def checked_prices(specs: list[str], planned: tuple[GpuProfile, ...]) -> dict[str, float]:
+    """`--price` specs of the planned GPUs (one that prices another GPU is a mistake: refused)."""
+    from trainlab.memory.run_cost import parse_prices
+
+    prices = parse_prices(specs)
+    names = {gpu.name for gpu in planned}
+    for name in prices:
+        if name not in names:
+            raise UsageError(f"--price {name}=...: {name} is not planned; add it to --gpu (or use --gpu all)")
+    return prices
+
+
+def config_flags(argv: list[str]) -> str:
+    """The recipe flags as the user gave them (for the printed `trainlab bench data` command)."""
+    return " ".join(argv)
 
 
 def _gib(n: int | None) -> str:
@@ -125,7 +192,10 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     check_recipe(name)
+    rest, prices = take_prices(rest)
     options, rest = take_plan_options(rest)  # checked before the recipe (and torch) is imported
+    if prices and options.gpu is None:
+        raise UsageError("--price prices a planned GPU: add --gpu NAME (or --gpu all)")
     recipe_cls = get_recipe(name)
     config = parse(
         recipe_cls.config_class,
@@ -137,7 +207,7 @@ def main(argv: list[str]) -> int:
     if options.measure:  # the real step on the device present, beside the plan
         from trainlab.commands.plan_measure import measure_main
 
-        return measure_main(recipe_cls(config), options)
+        return measure_main(recipe_cls(config), options, rest, prices)
 
     from trainlab.engine.device import parse_device
     from trainlab.memory.planner import PlanRequest, plan
@@ -145,16 +215,27 @@ def main(argv: list[str]) -> int:
     device_type = parse_device(config.device).type if config.device != "auto" else "cuda"
     if device_type not in ("cpu", "cuda"):
         raise UsageError(f"--device {config.device!r}: plan for cuda or cpu")
-    gpu = gpu_profile(options.gpu) if options.gpu is not None else None
-    if gpu is not None and device_type != "cuda":
+    gpu, candidates = gpus_of(options.gpu)
+    if options.gpu is not None and device_type != "cuda":
         raise UsageError("--gpu plans for a CUDA device; drop --device cpu (or drop --gpu)")
     recipe = recipe_cls(config)
-    result = plan(recipe, PlanRequest(device="cuda" if device_type == "cuda" else "cpu", gpu=gpu, gpus=options.gpus))
+    request = PlanRequest(
+        device="cuda" if device_type == "cuda" else "cpu",
+        gpu=gpu,
+        gpus=options.gpus,
+        candidates=candidates,
+        prices=checked_prices(prices, (gpu,) if gpu is not None else candidates),
+        dataset_size=options.dataset_size or None,
+    )
+    result = plan(recipe, request)
     hand = _hand(recipe, result)
     if options.json:
         print(json.dumps(to_json(result, hand), indent=2))
     else:
         print(render(result, hand))
+        from trainlab.commands.plan_cost import render_time_and_cost
+
+        print(render_time_and_cost(result, config_flags(rest)))
     if gpu is not None and result.max_micro_batch == 0:
         print(
             f"does not fit even at micro-batch {result.min_micro_batch}: model states alone exceed the GPU; levers: "
@@ -226,6 +307,9 @@ def to_json(result: Plan, hand: HandEstimate) -> dict[str, Any]:
         "hand_estimate_bytes": [hand.low_bytes, hand.high_bytes],
         "notes": result.notes,
     }
+    from trainlab.commands.plan_cost import time_and_cost_json
+
+    out.update(time_and_cost_json(result))
     if result.gpu is not None:
         out.update(
             gpu=result.gpu.name,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from trainlab.engine.run_length import RunLength
     from trainlab.memory.gpus import GpuProfile
     from trainlab.memory.measure import Measurement
+    from trainlab.memory.planner import Plan
     from trainlab.memory.trace import PlanDevice
 
 
@@ -59,63 +60,67 @@ def present_device(name: str, gpu: str | None) -> tuple[torch.device, GpuProfile
 
 @dataclass(frozen=True)
 class Estimate:
-    """The estimate beside the measurement (None fields: no estimate, with `why`)."""
+    """The planner's estimate beside the measurement (None fields: no estimate, with `why`)."""
 
     step_seconds: float | None
     efficiency: float | None
     efficiency_source: str
     family: str
-    traced_flops: int
     why: str
 
 
-def _estimate(recipe: Recipe[Any], gpu: GpuProfile | None, gpus: int, device_type: str) -> Estimate:
-    """The planner's time estimate for the present device (before a new measurement is stored)."""
-    from trainlab.memory.efficiency import efficiency_for
-    from trainlab.memory.flops import compute_name, count_step_flops, estimate_step_seconds, recipe_family
-
-    family = recipe_family(recipe)
-    flops = count_step_flops(recipe, gpus=gpus, device="cuda" if device_type == "cuda" else "cpu")
-    compute = compute_name(recipe.config.precision)
-    if gpu is None or gpu.peak_flops(compute) is None:
-        why = "no estimate: no data-sheet peak for this device" + (" (a CPU)" if device_type == "cpu" else "")
-        return Estimate(None, None, "", family, flops.total, why)
-    efficiency = efficiency_for(gpu.name, family)
-    seconds = estimate_step_seconds(flops, gpu, compute, efficiency.value)
-    why = f"{gpu.name}, {compute}, efficiency {efficiency.value:.3f} {efficiency.source} ({family})"
-    return Estimate(seconds, efficiency.value, efficiency.source, family, flops.total, why)
+def estimate_of(result: Plan) -> Estimate:
+    """The planner's time estimate of the configured run on the present GPU (made before a new measurement is
+    stored): its step seconds and the efficiency it assumed or had measured."""
+    cost = result.cost
+    if cost is None:
+        device = "a CPU" if result.breakdown.device == "cpu" else "this GPU"
+        why = f"no estimate: no data-sheet peak for {device}" + (f" in {result.compute}" if result.gpu else "")
+        return Estimate(None, None, "", result.family, why)
+    e = cost.efficiency
+    why = f"{cost.gpu}, {result.compute}, efficiency {e.value:.3f} {e.source} ({e.family})"
+    return Estimate(cost.step_seconds, e.value, e.source, result.family, why)
 
 
-def measure_main(recipe: Recipe[Any], options: PlanOptions) -> int:
+def measure_main(recipe: Recipe[Any], options: PlanOptions, recipe_flags: list[str], prices: list[str]) -> int:
     """`trainlab plan RECIPE ... --measure`: see the module docstring. Returns the exit code."""
     import torch
 
-    from trainlab.commands.plan import _hand, render, to_json
+    from trainlab.commands.plan import _hand, checked_prices, config_flags, render, to_json
+    from trainlab.commands.plan_cost import render_time_and_cost
     from trainlab.memory.measure import measure_step
     from trainlab.memory.planner import PlanRequest, plan
 
     device, gpu = present_device(recipe.config.device, options.gpu)
     device_type: PlanDevice = "cuda" if device.type == "cuda" else "cpu"
-    estimate = _estimate(recipe, gpu, options.gpus, device_type)
-    result = plan(recipe, PlanRequest(device=device_type, gpu=gpu, gpus=options.gpus))
-    dataset_size = getattr(options, "dataset_size", None)
+    request = PlanRequest(
+        device=device_type,
+        gpu=gpu,
+        gpus=options.gpus,
+        prices=checked_prices(prices, (gpu,) if gpu is not None else ()),
+        dataset_size=options.dataset_size or None,
+    )
+    result = plan(recipe, request)
+    estimate = estimate_of(result)
+    assert result.flops is not None  # the planner counts the configured step's FLOPs
     fresh = type(recipe)(recipe.config)  # the planner traced `recipe` on fake tensors: build the real one anew
     measured = measure_step(
         fresh,
         device,
         steps=options.steps,
         gpus=options.gpus,
-        dataset_size=dataset_size,
-        flops_per_step=estimate.traced_flops,
-        flops_source="traced (the estimate's count)",
+        dataset_size=result.dataset_size,
+        flops_per_step=result.flops.total,
+        flops_source="traced, as the estimate counts them",
     )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     stored = store_efficiency(measured, gpu, estimate.family, device_name)
-    keys = measured_json(measured, estimate, _length(recipe, dataset_size), stored)
+    keys = measured_json(measured, estimate, _length(recipe, result.dataset_size), stored)
     if options.json:
         print(json.dumps({**to_json(result, _hand(recipe, result)), **keys}, indent=2))
     else:
         print(render(result, _hand(recipe, result)))
+        print(render_time_and_cost(result, config_flags(recipe_flags)))
         print()
         print(render_measured(measured, estimate, keys, stored, recipe.config.num_workers))
     return 0
@@ -150,7 +155,8 @@ def store_efficiency(measured: Measurement, gpu: GpuProfile | None, family: str,
 def measured_json(
     measured: Measurement, estimate: Estimate, run_length: RunLength | None, stored: str
 ) -> dict[str, Any]:
-    """The `--json` keys `--measure` adds to the plan's."""
+    """The `--json` keys `--measure` adds to the plan's (whose `flops_per_step`, `step_seconds`, `efficiency_assumed`
+    and `efficiency_source` are the estimate's, made before this measurement was stored)."""
     out: dict[str, Any] = {
         "measured_device": measured.device,
         "measured_step_seconds": measured.median_step_seconds,
@@ -158,7 +164,6 @@ def measured_json(
         "measured_samples_per_second": measured.samples_per_second,
         "measured_tflops": measured.achieved_tflops,
         "measured_mfu": measured.mfu,
-        "measured_flops_per_step": measured.flops_per_step,
         "measured_steps": measured.steps,
         "measured_warmup_steps": measured.warmup_steps,
         "measured_peak_memory_bytes": measured.memory.get("peak_memory_bytes"),
@@ -166,9 +171,6 @@ def measured_json(
         "measured_reserved_bytes": measured.memory.get("cuda_max_reserved_bytes"),
         "measured_peak_tflops": None if measured.peak.flops is None else measured.peak.flops / 1e12,
         "measured_peak_source": measured.peak.why,
-        "estimated_step_seconds": estimate.step_seconds,
-        "estimated_efficiency": estimate.efficiency,
-        "estimated_efficiency_source": estimate.efficiency_source or None,
         "efficiency_stored": bool(stored),
     }
     steps = None if run_length is None else run_length.stop_step

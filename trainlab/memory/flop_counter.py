@@ -59,6 +59,22 @@ class StepFlops:
         total = forward + backward + optimizer
         return StepFlops(forward, backward, optimizer, total, round(total / max(samples, 1)), bytes_moved)
 
+    def scaled(self, samples: int, to_samples: int) -> StepFlops:
+        """The step at `to_samples` per process instead of `samples`: forward, backward and the bytes of the
+        counted ops scale with the samples (every counted op works per sample; MoCo's logits against the whole
+        batch's keys are an approximation), the optimizer's FLOPs do not."""
+        if samples == to_samples:
+            return self
+        ratio = to_samples / samples
+        optimizer_bytes = 0  # not kept apart: the bytes are scaled as a whole (the optimizer's are a small part)
+        return StepFlops.of(
+            round(self.forward * ratio),
+            round(self.backward * ratio),
+            self.optimizer,
+            to_samples,
+            round(self.bytes_moved * ratio) + optimizer_bytes,
+        )
+
 
 def _shape(t: Any) -> tuple[int, ...]:
     return tuple(t.shape)

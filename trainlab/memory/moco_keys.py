@@ -43,6 +43,21 @@ def accumulation_effect(config: Any, gpus: int, accumulation: int) -> str:
     )
 
 
+def accumulation_lever_effect(config: Any, gpus: int, accumulation: int) -> str:
+    """What accumulation as a lever changes for MoCo's contrastive loss: the negatives (kept by --moco-keys
+    full-batch) and the BatchNorm batches (always the micro-batch's)."""
+    micro = config.batch_size // (gpus * accumulation)
+    per_gpu = config.batch_size // gpus
+    if config.moco_keys == "full-batch":
+        negatives = f"keeps the negatives (--moco-keys full-batch: every query against all {config.batch_size} keys)"
+    else:
+        negatives = (
+            f"changes the negatives (--moco-keys micro-batch: each query against the {micro} keys of its micro-batch, "
+            f"not {per_gpu if gpus > 1 else config.batch_size}; --moco-keys full-batch keeps them)"
+        )
+    return f"MoCo: {negatives}; changes the BatchNorm batches (statistics of {micro} samples, not {per_gpu})"
+
+
 def moco_plan_notes(config: Any, gpus: int, accumulation: int, micro: int) -> list[str]:
     """The plan's MoCo lines: the effect on the loss, the keys buffer and the held micro-batches, BatchNorm."""
     notes = [accumulation_effect(config, gpus, accumulation)]

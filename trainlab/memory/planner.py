@@ -5,12 +5,18 @@ GPU, the largest micro-batch that fits (a search over traced micro-batches), the
 the global batch, the GPUs the global batch needs, and levers with their predicted totals.
 `auto_accumulation(recipe, device, capacity)` answers only the accumulation question, for
 `trainlab train --grad-accumulation auto`.
+
+Time and cost: the configured step's FLOPs are counted in its trace; with a GPU, `run_cost` turns them into step
+time, run time, GPU-hours and cost; `request.candidates` (`--gpu all`) adds one row per GPU x count that fits.
+Per-GPU memory is `overheads` + the traced reserved peak (`_totals`): a sharded mode (FSDP) would divide the
+parameter, gradient and optimizer-state bytes of the trace by its sharding factor there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +24,15 @@ from typing import Any
 from trainlab.engine.recipe import Recipe
 from trainlab.engine.sampler import micro_batch_size
 from trainlab.errors import UsageError
+from trainlab.memory.batch_fit import FittedRun, fit_micro_batch
 from trainlab.memory.breakdown import Breakdown, breakdown
+from trainlab.memory.flop_counter import StepFlops
+from trainlab.memory.flops import compute_name, recipe_family
 from trainlab.memory.gpus import GpuProfile
-from trainlab.memory.moco_keys import accumulation_effect, moco_plan_notes
-from trainlab.memory.trace import PlanDevice, trace_training
+from trainlab.memory.log_once import each_message_once
+from trainlab.memory.moco_keys import accumulation_lever_effect, moco_plan_notes
+from trainlab.memory.run_cost import DataRate, RunCost, known_dataset_size, run_cost, stored_data_rate
+from trainlab.memory.trace import PlanDevice, TracedRun, trace_training
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +45,10 @@ class PlanRequest:
     gpu: GpuProfile | None = None
     gpus: int = 1
     search: bool = True  # search the largest micro-batch and levers (needs --gpu)
+    candidates: tuple[GpuProfile, ...] = ()  # `--gpu all` or a list: the table of GPUs x counts that fit
+    counts: tuple[int, ...] = (1, 2, 4, 8)  # GPU counts of the table
+    prices: dict[str, float] = field(default_factory=dict)  # --price NAME=USD_PER_HOUR
+    dataset_size: int | None = None  # training samples (None: unknown, no run time)
 
 
 @dataclass
@@ -82,6 +97,30 @@ class Plan:
     activation_checkpointing: bool = False
     # --compile runs are traced as the eager step (inductor's fused kernels usually keep fewer intermediates)
     compiled: bool = False
+    flops: StepFlops | None = None  # one process's optimizer step of the configured run
+    family: str = ""  # the efficiency family (`flops.recipe_family`)
+    compute: str = ""  # the compute dtype of the matrix products (`flops.compute_name`)
+    dataset_size: int | None = None
+    data_rate: DataRate | None = None
+    cost: RunCost | None = None  # with --gpu: the configured run, or the suggested accumulation where it does not fit
+    candidates: list[Candidate] = field(default_factory=list)
+    epochs: int = 1
+    max_steps: int = -1
+
+
+@dataclass
+class Candidate:
+    """One row of the `--gpu all` table: a GPU and count that fits, at its largest micro-batch."""
+
+    gpu: GpuProfile
+    gpus: int
+    micro_batch: int
+    grad_accumulation: int
+    total_bytes: int
+    margin_bytes: int
+    cost: RunCost | None  # None: no peak known for the compute dtype on that GPU
+    cheapest: bool = False
+    fastest: bool = False
 
 
 def overheads(device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_bytes: int, has_conv: bool) -> Overheads:
@@ -98,34 +137,97 @@ def overheads(device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_b
 
 
 class _Tracer:
-    """Traces (and caches) breakdowns of the recipe at a micro-batch, accumulation and precision."""
+    """Breakdowns of the recipe at a micro-batch, accumulation and precision: traced, or (for the configured precision
+    and checkpointing, micro-batches from `FIT_FROM` on) read from the affine fit of `memory.batch_fit`, which is
+    traced once per accumulation at `FIT_POINTS` and checked against a third trace before it is used."""
+
+    FIT_POINTS = (4, 8)
+    FIT_CHECK = 6
+    FIT_FROM = 2
 
     def __init__(self, recipe: Recipe[Any], device: PlanDevice) -> None:
         self.recipe, self.device = recipe, device
         self.cache: dict[tuple[int, int, str, bool], Breakdown] = {}
+        self.runs: dict[tuple[int, int], TracedRun] = {}  # traces of the configured precision and checkpointing
+        self.fits: dict[int, FittedRun | None] = {}  # accumulation -> fit (None: it does not hold)
+        self.flops: dict[tuple[int, int], StepFlops] = {}
+        self.traced = 0
 
     def __call__(
-        self, micro_batch: int, accumulation: int, precision: str | None = None, checkpointing: bool | None = None
+        self,
+        micro_batch: int,
+        accumulation: int,
+        precision: str | None = None,
+        checkpointing: bool | None = None,
+        count_flops: bool = False,
     ) -> Breakdown:
         cfg = self.recipe.config
         precision = precision or cfg.precision
         checkpointing = cfg.activation_checkpointing if checkpointing is None else checkpointing
         key = (micro_batch, accumulation, precision, checkpointing)
-        if key not in self.cache:
-            recipe = self.recipe
-            if precision != cfg.precision or checkpointing != cfg.activation_checkpointing:
-                config = dataclasses.replace(cfg, precision=precision, activation_checkpointing=checkpointing)
-                recipe = type(recipe)(config)
-            run = trace_training(recipe, device=self.device, micro_batch=micro_batch, grad_accumulation=accumulation)
+        configured = precision == cfg.precision and checkpointing == cfg.activation_checkpointing
+        if count_flops and (micro_batch, accumulation) not in self.flops:
+            self.cache.pop(key, None)
+        if key in self.cache:
+            return self.cache[key]
+        fit = self._fit(accumulation) if configured and micro_batch >= self.FIT_FROM and not count_flops else None
+        if fit is not None:
+            self.cache[key] = breakdown(fit(micro_batch))
+        else:
+            run = self._trace(micro_batch, accumulation, precision, checkpointing, count_flops)
+            if configured:
+                self.runs[(micro_batch, accumulation)] = run
             self.cache[key] = breakdown(run)
-            log.info(
-                "traced micro-batch %d x %d (%s%s)",
-                micro_batch,
-                accumulation,
-                precision,
-                ", activation checkpointing" if checkpointing else "",
-            )
         return self.cache[key]
+
+    def _trace(
+        self, micro_batch: int, accumulation: int, precision: str, checkpointing: bool, count_flops: bool
+    ) -> TracedRun:
+        cfg = self.recipe.config
+        recipe = self.recipe
+        if precision != cfg.precision or checkpointing != cfg.activation_checkpointing:
+            config = dataclasses.replace(cfg, precision=precision, activation_checkpointing=checkpointing)
+            recipe = type(recipe)(config)
+        run = trace_training(
+            recipe,
+            device=self.device,
+            micro_batch=micro_batch,
+            grad_accumulation=accumulation,
+            count_flops=count_flops,
+        )
+        self.traced += 1
+        if run.flops is not None:
+            self.flops[(micro_batch, accumulation)] = run.flops
+        log.debug(
+            "traced micro-batch %d x %d (%s%s)",
+            micro_batch,
+            accumulation,
+            precision,
+            ", activation checkpointing" if checkpointing else "",
+        )
+        return run
+
+    def _configured_run(self, micro_batch: int, accumulation: int) -> TracedRun:
+        if (micro_batch, accumulation) not in self.runs:
+            cfg = self.recipe.config
+            run = self._trace(micro_batch, accumulation, cfg.precision, cfg.activation_checkpointing, False)
+            self.runs[(micro_batch, accumulation)] = run
+        return self.runs[(micro_batch, accumulation)]
+
+    def _fit(self, accumulation: int) -> FittedRun | None:
+        if accumulation not in self.fits:
+            low, high = (self._configured_run(m, accumulation) for m in self.FIT_POINTS)
+            others = [
+                m for (m, k) in self.runs if k == accumulation and m >= self.FIT_FROM and m not in self.FIT_POINTS
+            ]
+            check = self._configured_run(max(others) if others else self.FIT_CHECK, accumulation)
+            self.fits[accumulation] = fit_micro_batch(low, high, check)
+            log.debug(
+                "micro-batch fit at accumulation %d: %s",
+                accumulation,
+                "holds" if self.fits[accumulation] else "does not hold",
+            )
+        return self.fits[accumulation]
 
 
 def _checkpointing_supported(tracer: _Tracer) -> bool:
@@ -142,6 +244,11 @@ def _checkpointing_supported(tracer: _Tracer) -> bool:
 
 def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     """Trace the configured run and answer the planning questions (see the module docstring)."""
+    with each_message_once():
+        return _plan(recipe, request)
+
+
+def _plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     cfg = recipe.config
     if request.gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {request.gpus}")
@@ -152,7 +259,7 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         extra = overheads(request.device, request.gpu, gpus, b.gradients_bytes, b.uses_convolution)
         return b.peak_reserved_bytes + extra.total
 
-    main = tracer(micro, cfg.grad_accumulation)
+    main = tracer(micro, cfg.grad_accumulation, count_flops=True)
     result = Plan(
         recipe=recipe.name,
         precision=cfg.precision,
@@ -164,41 +271,158 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         gpu=request.gpu,
         activation_checkpointing=cfg.activation_checkpointing,
         compiled=cfg.compile,
+        flops=tracer.flops[(micro, cfg.grad_accumulation)],
+        family=recipe_family(recipe),
+        compute=compute_name(cfg.precision),
+        dataset_size=request.dataset_size if request.dataset_size is not None else known_dataset_size(cfg),
+        data_rate=stored_data_rate(recipe.name),
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
     )
     if recipe.name == "moco":
         result.notes = moco_plan_notes(cfg, request.gpus, cfg.grad_accumulation, micro)
+    if request.candidates:
+        result.min_micro_batch = smallest_micro_batch(tracer)
+        result.candidates = _candidates(recipe, request, tracer, result)
     if request.gpu is None:
+        result.traces = tracer.traced
         return result
     capacity = request.gpu.total_bytes
     result.fits = result.total_bytes <= capacity
     result.margin_bytes = capacity - result.total_bytes
+    if result.fits:
+        result.cost = _cost(result, request, request.gpu, request.gpus, micro, cfg.grad_accumulation)
     if not request.search:
+        result.traces = tracer.traced
         return result
     per_gpu_batch = cfg.batch_size // request.gpus
-
-    def total_at(m: int) -> int:
-        # below the per-GPU batch the run accumulates: from the 2nd micro-batch on, gradients live beside the
-        # activations (and fragment the segments), and micro-batches 3.. repeat the 2nd
-        return total(tracer(m, 1 if m == per_gpu_batch else 2))
-
-    configured_fits_whole = bool(result.fits) and micro == per_gpu_batch and cfg.grad_accumulation == 1
     lower = result.min_micro_batch = smallest_micro_batch(tracer)
-    result.max_micro_batch = largest_fitting(total_at, capacity, per_gpu_batch, configured_fits_whole, lower)
+    at = _totals(tracer, request.device, request.gpu, request.gpus)
+    result.max_micro_batch = largest_micro_batch(at, capacity, per_gpu_batch, lower)
     if result.max_micro_batch:
         m = result.max_micro_batch
-        result.max_micro_batch_total_bytes = total(tracer(m, 1 if m == per_gpu_batch else 2))
-        result.suggested_grad_accumulation = smallest_accumulation(per_gpu_batch, result.max_micro_batch)
-        result.gpus_needed = next(
-            (
-                n
-                for n in range(1, cfg.batch_size + 1)
-                if cfg.batch_size % n == 0 and cfg.batch_size // n <= result.max_micro_batch
-            ),
-            None,
-        )
+        result.max_micro_batch_total_bytes = at(m, 1 if m >= per_gpu_batch else 2)
+        k = result.suggested_grad_accumulation = smallest_accumulation(per_gpu_batch, min(m, per_gpu_batch))
+        if result.cost is None:
+            result.cost = _cost(result, request, request.gpu, request.gpus, per_gpu_batch // k, k)
+    result.gpus_needed = gpus_needed(tracer, request.device, request.gpu, cfg.batch_size, result.max_micro_batch)
     result.levers = _levers(recipe, request, tracer, total, result, micro)
-    result.traces = len(tracer.cache)
+    result.traces = tracer.traced
     return result
+
+
+def _totals(tracer: _Tracer, device: PlanDevice, gpu: GpuProfile, gpus: int) -> Callable[[int, int], int]:
+    """total(micro-batch, accumulation) on `gpus` x `gpu`: the reserved peak plus what lives outside the allocator."""
+
+    def at(micro_batch: int, accumulation: int) -> int:
+        b = tracer(micro_batch, accumulation)
+        return b.peak_reserved_bytes + overheads(device, gpu, gpus, b.gradients_bytes, b.uses_convolution).total
+
+    return at
+
+
+def largest_micro_batch(at: Callable[[int, int], int], capacity: int, per_gpu_batch: int, lower: int) -> int:
+    """The largest micro-batch that fits, not capped at the per-GPU batch: below it the run accumulates (from the
+    2nd micro-batch on, gradients live beside the activations, and micro-batches 3.. repeat the 2nd); from it on,
+    one micro-batch per step. Above the per-GPU batch the bound doubles until a micro-batch does not fit."""
+
+    def total_at(m: int) -> int:
+        return at(m, 1 if m >= per_gpu_batch else 2)
+
+    if total_at(per_gpu_batch) > capacity:
+        return largest_fitting(total_at, capacity, per_gpu_batch, lower=lower)
+    low, high = per_gpu_batch, 2 * per_gpu_batch
+    while total_at(high) <= capacity:
+        if high >= MAX_MICRO_BATCH:
+            return high
+        low, high = high, 2 * high
+    return largest_fitting(total_at, capacity, high, lower=low)
+
+
+MAX_MICRO_BATCH = 1 << 16  # the search's bound above the per-GPU batch
+
+
+def _candidates(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, plan: Plan) -> list[Candidate]:
+    """Every GPU of `request.candidates` x count of `request.counts` (dividing the global batch) that fits: its
+    largest micro-batch up to the per-GPU batch, the accumulation that keeps the global batch, time and cost.
+    Sorted by cost (then run time, step time); the cheapest and the fastest marked."""
+    batch = recipe.config.batch_size
+    rows: list[Candidate] = []
+    for gpu in request.candidates:
+        for n in request.counts:
+            if batch % n:
+                continue
+            per_gpu = batch // n
+            at = _totals(tracer, request.device, gpu, n)
+
+            def total_at(m: int, at: Callable[[int, int], int] = at, per_gpu: int = per_gpu) -> int:
+                return at(m, 1 if m == per_gpu else 2)
+
+            m = largest_fitting(total_at, gpu.total_bytes, per_gpu, lower=plan.min_micro_batch)
+            if not m:
+                continue
+            k = smallest_accumulation(per_gpu, m)
+            total = at(per_gpu // k, 1 if k == 1 else 2)
+            cost = _cost(plan, request, gpu, n, per_gpu // k, k)
+            rows.append(Candidate(gpu, n, per_gpu // k, k, total, gpu.total_bytes - total, cost))
+
+    def order(row: Candidate) -> tuple[float, float, float]:
+        c = row.cost
+        if c is None:
+            return (math.inf, math.inf, math.inf)
+        return (
+            c.cost_usd if c.cost_usd is not None else math.inf,
+            c.run_hours if c.run_hours is not None else math.inf,
+            c.step_seconds,
+        )
+
+    rows.sort(key=order)
+    timed = [r for r in rows if r.cost is not None]
+    if timed:
+        if timed[0].cost is not None and timed[0].cost.cost_usd is not None:
+            timed[0].cheapest = True
+        min(timed, key=lambda r: r.cost.step_seconds if r.cost else math.inf).fastest = True
+    return rows
+
+
+def gpus_needed(
+    tracer: _Tracer, device: PlanDevice, gpu: GpuProfile, batch: int, max_micro_batch: int | None
+) -> int | None:
+    """The smallest GPU count n (dividing the global batch) whose per-GPU batch fits without accumulation, with the
+    overheads of n processes (NCCL, DDP buckets); None when none up to the batch size does."""
+    if not max_micro_batch:
+        return None  # the model states alone do not fit: DDP replicates them on every GPU
+    counts = [n for n in range(1, batch + 1) if batch % n == 0 and batch // n <= 2 * max_micro_batch]
+    for n in counts:
+        if _totals(tracer, device, gpu, n)(batch // n, 1) <= gpu.total_bytes:
+            return n
+    return None
+
+
+def _cost(
+    plan: Plan, request: PlanRequest, gpu: GpuProfile, gpus: int, micro: int, accumulation: int
+) -> RunCost | None:
+    """Time and cost on `gpus` x `gpu` (None where the GPU has no known peak for the compute dtype)."""
+    assert plan.flops is not None
+    cfg_samples = plan.breakdown.micro_batch * plan.breakdown.grad_accumulation
+    flops = plan.flops.scaled(cfg_samples, micro * accumulation)
+    if gpu.peak_flops(plan.compute) is None:
+        return None
+    return run_cost(
+        flops=flops,
+        gpu=gpu,
+        gpus=gpus,
+        micro_batch=micro,
+        grad_accumulation=accumulation,
+        compute=plan.compute,
+        family=plan.family,
+        global_batch=plan.global_batch,
+        epochs=plan.epochs,
+        max_steps=plan.max_steps,
+        dataset_size=plan.dataset_size,
+        prices=request.prices,
+        data_rate=plan.data_rate,
+    )
 
 
 def smallest_accumulation(per_gpu_batch: int, max_micro_batch: int) -> int:
@@ -257,7 +481,7 @@ def auto_accumulation(recipe: Recipe[Any], device: PlanDevice, capacity: GpuProf
         )
     k = smallest_accumulation(per_gpu_batch, largest)
     m = per_gpu_batch // k
-    return AutoAccumulation(m, k, total_at(m), capacity.total_bytes, largest, len(tracer.cache))
+    return AutoAccumulation(m, k, total_at(m), capacity.total_bytes, largest, tracer.traced)
 
 
 def largest_fitting(
@@ -360,10 +584,10 @@ def _levers(
     if result.max_micro_batch and result.suggested_grad_accumulation and result.suggested_grad_accumulation > 1:
         k = result.suggested_grad_accumulation
         m = cfg.batch_size // request.gpus // k
-        t = total(tracer(m, k))
+        t = total(tracer(m, min(k, 2)))  # micro-batches 3.. repeat the 2nd
         description = f"--grad-accumulation {k} (micro-batch {m}, same global batch)"
         if recipe.name == "moco":
-            description += f"; {accumulation_effect(cfg, request.gpus, k)}"
+            description += f"; {accumulation_lever_effect(cfg, request.gpus, k)}"
         levers.append(Lever("smaller micro-batch", description, t, t <= capacity))
     if result.gpus_needed and result.gpus_needed > request.gpus:
         n = result.gpus_needed

@@ -5,7 +5,8 @@ frozen and averaged models in eval mode, one `LossScaler` and `Scheduler` per ph
 module's hooks: models placed on fake CPU tensors in place, their storages labelled, optimizers hooked, the recipe
 wrapped to mark regions. Then `StepRunner.run` runs, so forward, loss, backward, unscale, clip, optimizer step,
 scaler update, the recipe's `after_optimizer_step` and the averaged copies' update are the training code, not a
-model of it. Batches come from `recipe.example_batch(micro_batch)`.
+model of it. Batches come from `recipe.example_batch(micro_batch)`. The recipe is built inside
+`engine.shapes_only`: frozen models need no weights file (a given one is read for its shapes only).
 
 The run's length: no data is read, so the planner assumes a long run of about `PLANNED_TOTAL_STEPS` optimizer steps
 over the config's epochs, stopped by `--max-steps` when that is set (`engine.run_length`: the same definition as the
@@ -39,6 +40,7 @@ from trainlab.engine.assemble import AssemblyHooks, assemble
 from trainlab.engine.precision import Precision
 from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
 from trainlab.engine.run_length import RunLength, run_length
+from trainlab.engine.shapes_only import shapes_only
 from trainlab.memory.cuda_autocast import CudaAutocastPolicy
 from trainlab.memory.flop_counter import FlopCounter, StepFlops
 from trainlab.memory.tracer import Region, StorageTracer, Trace, tracing
@@ -190,6 +192,7 @@ def trace_training(
     hooks = AssemblyHooks(place=place, after_build=after_build, step_recipe=lambda r: _RegionRecipe(r, tracer))
     counter = FlopCounter(tracer) if count_flops else None
     with (
+        shapes_only(),
         tracing(tracer),
         counter if counter is not None else contextlib.nullcontext(),
         torch.random.fork_rng(devices=[]),

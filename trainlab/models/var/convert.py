@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainlab.engine.shapes_only import weights_needed
 from trainlab.errors import UsageError
+from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAE_NAMES
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, infer_vqvae_config, vqvae_config
 from trainlab.user_files import check_state_dict, load_user_file
@@ -306,6 +308,11 @@ def load_tokenizer(
         UsageError: missing or unreadable file, or weights that do not fit the architecture.
     """
     patch_nums = tuple(int(pn) for pn in patch_nums)
+    preset = FORMER_VQVAE_NAMES.get(path, path)
+    if preset in VQVAE_NAMES and not Path(path).exists():  # `--tokenizer official`: an architecture, not a file
+        path, model = "", preset
+    if not weights_needed():  # the planner: shapes only, no weight value is used
+        return _tokenizer_for_shapes(path, model, patch_nums, unwrap)
     if not path:
         if model != "vqvae_debug":
             raise UsageError(
@@ -338,6 +345,23 @@ def load_tokenizer(
     tokenizer.load_state_dict(state)
     log.info("tokenizer: %s (%s, V=%d, Cv=%d, ch=%d)", path, model, vq_cfg.vocab_size, vq_cfg.z_channels, vq_cfg.ch)
     return tokenizer.freeze()
+
+
+def _tokenizer_for_shapes(path: str, model: str, patch_nums: tuple[int, ...], unwrap: Unwrap | None) -> VQVAE:
+    """The tokenizer's architecture (from `model`, or from the names and shapes of the file at `path`), its weights
+    left at their initialisation: inside `shapes_only()` no value is read."""
+    if path:
+        state = read_state_dict(path, "VQVAE", unwrap=unwrap)  # memory-mapped: only the header is read
+        _check_kind(state, path, "VQVAE")
+        vq_cfg = infer_vqvae_config(state, patch_nums) if model == "auto" else vqvae_config(model, patch_nums)
+    elif model == "auto":
+        raise UsageError(
+            "--tokenizer-model auto needs the weights file to infer the architecture; pass --tokenizer-model "
+            "vqvae_official (no file needed to plan) or --tokenizer-weights PATH"
+        )
+    else:
+        vq_cfg = vqvae_config(model, patch_nums)
+    return VQVAE(vq_cfg).freeze()
 
 
 def load_official_into_(var: VAR, path: Path, *, unwrap: Unwrap | None = None) -> None:

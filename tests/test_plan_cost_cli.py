@@ -1,0 +1,96 @@
+"""`trainlab plan`'s time and cost: JSON keys, the `--gpu all` table, GPUs needed, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainlab.cli import main
+from trainlab.memory.gpus import GPU_PROFILES
+
+TOY = ["toy", "--num-samples", "64", "--batch-size", "32"]
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path / "cache"))  # no stored efficiency or data rate
+
+
+def test_json_has_the_time_and_cost_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", *TOY, "--gpu", "H100-80GB", "--price", "H100-80GB=2.0", "--dataset-size", "6400", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out["flops_per_step"], int) and out["flops_per_step"] > 0
+    assert out["flops_per_sample"] == round(out["flops_per_step"] / 32)
+    assert out["efficiency_source"] == "assumed" and out["efficiency_assumed"] == 0.10  # small-convnet
+    assert out["steps"] == 6400 // 32 * 1  # one epoch (the toy default)
+    assert out["run_hours"] == pytest.approx(out["steps"] * out["step_seconds"] / 3600)
+    assert out["gpu_hours"] == pytest.approx(out["run_hours"])
+    assert out["cost_usd"] == pytest.approx(out["gpu_hours"] * 2.0) and out["price_source"] == "given"
+    assert out["data_cores_needed"] is None  # no stored measurement
+    assert "candidates" not in out
+
+
+def test_gpus_needed_is_the_smallest_count_not_gpus_repeated(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--gpu", "RTX4090-24GB", "--gpus", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus_needed"] == 1
+
+
+def test_gpu_all_is_one_table_sorted_by_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--gpu", "all", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert {(r["gpu"], r["gpus"]) for r in rows} == {(g, n) for g in GPU_PROFILES for n in (1, 2, 4, 8)}
+    costs = [r["cost_usd"] for r in rows]
+    assert costs == sorted(costs)
+    assert sum(r["cheapest"] for r in rows) == 1 and rows[0]["cheapest"]
+    fastest = [r for r in rows if r["fastest"]]
+    assert len(fastest) == 1 and fastest[0]["step_seconds"] == min(r["step_seconds"] for r in rows)
+    assert main(["plan", *TOY, "--gpu", "all"]) == 0
+    text = capsys.readouterr().out
+    assert "every GPU x count that fits" in text and "an example price" in text
+
+
+def test_a_comma_list_plans_those_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--gpu", "H100-80GB, L20-48GB", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert {r["gpu"] for r in rows} == {"H100-80GB", "L20-48GB"}
+
+
+def test_without_a_data_rate_the_command_that_measures_it_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--gpu", "H100-80GB"]) == 0
+    assert "trainlab bench data toy --num-samples 64 --batch-size 32 --json >" in capsys.readouterr().out
+
+
+def test_a_stored_data_rate_gives_the_cores(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    stored = tmp_path / "cache" / "bench_data" / "toy.json"
+    stored.parent.mkdir(parents=True)
+    stored.write_text(json.dumps({"samples_per_second_per_core": 1000.0}))
+    assert main(["plan", *TOY, "--gpu", "H100-80GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["data_cores_needed"] == pytest.approx(out["samples_per_second"] / 1000.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu", "B200"], "unknown GPU 'B200'"),
+        (["--gpu", "H100-80GB,B200"], "unknown GPU 'B200'"),
+        (["--gpu", " , "], "--gpu"),
+        (["--price", "H100-80GB=2"], "--price prices a planned GPU"),
+        (["--gpu", "all", "--price", "B200=2"], "unknown GPU 'B200'"),
+        (["--gpu", "all", "--price", "H100-80GB=cheap"], "positive number"),
+        (["--gpu", "all", "--price", "H100-80GB=-1"], "positive number"),
+        (["--gpu", "all", "--price", "H100-80GB"], "NAME=USD_PER_HOUR"),
+        (["--gpu", "all", "--price"], "--price needs"),
+        (["--gpu", "L20-48GB", "--price", "H100-80GB=2"], "is not planned"),
+        (["--gpu", "48GiB", "--price", "48GiB=2"], "by name"),
+        (["--dataset-size", "-5"], "--dataset-size"),
+        (["--gpu", "all", "--device", "cpu"], "--gpu plans for a CUDA device"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

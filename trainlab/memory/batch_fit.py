@@ -1,0 +1,56 @@
+"""A trace at any micro-batch from traces at two: every storage's bytes are affine in the micro-batch.
+
+The training step runs the same ops at every micro-batch; only the sizes change, and (for the recipes whose every
+op works per sample) each storage's bytes are a + b x micro-batch: parameters, gradients and optimizer states have
+b = 0, activations a = 0. Two traces at micro-batches m1 < m2 with the same events in the same order give a and b
+per storage; a third trace checks the fit byte for byte before it is used, so a recipe where the fit does not hold
+(MoCo's B x B logits are quadratic; an op that allocates only at some sizes changes the events) is traced as before.
+A trace costs seconds on fake tensors; the fitted trace at another micro-batch costs a list of sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from trainlab.memory.trace import TracedRun
+
+FittedRun = Callable[[int], TracedRun]
+
+
+def _same_structure(a: TracedRun, b: TracedRun) -> bool:
+    ta, tb = a.trace, b.trace
+    if ta.events != tb.events or ta.step_starts != tb.step_starts or len(ta.records) != len(tb.records):
+        return False
+    return all(
+        (ra.region, ra.step, ra.label, ra.autocast_copy, ra.written_by_recipe_hook)
+        == (rb.region, rb.step, rb.label, rb.autocast_copy, rb.written_by_recipe_hook)
+        for ra, rb in zip(ta.records, tb.records, strict=True)
+    )
+
+
+def fit_micro_batch(low: TracedRun, high: TracedRun, check: TracedRun) -> FittedRun | None:
+    """The trace at any micro-batch, fitted through `low` and `high` (same accumulation, different micro-batches),
+    or None when the structures differ or the fit does not give `check`'s bytes exactly."""
+    m1, m2 = low.micro_batch, high.micro_batch
+    if m1 == m2 or not _same_structure(low, high) or not _same_structure(low, check):
+        return None
+    slopes: list[int] = []
+    for ra, rb in zip(low.trace.records, high.trace.records, strict=True):
+        delta = rb.nbytes - ra.nbytes
+        if delta % (m2 - m1):
+            return None
+        slopes.append(delta // (m2 - m1))
+
+    def at(micro_batch: int) -> TracedRun:
+        records = [
+            dataclasses.replace(r, nbytes=r.nbytes + slope * (micro_batch - m1))
+            for r, slope in zip(low.trace.records, slopes, strict=True)
+        ]
+        trace = dataclasses.replace(low.trace, records=records)
+        return dataclasses.replace(low, trace=trace, micro_batch=micro_batch, flops=None)
+
+    predicted = at(check.micro_batch).trace.records
+    if any(p.nbytes != r.nbytes for p, r in zip(predicted, check.trace.records, strict=True)):
+        return None
+    return at
