@@ -130,3 +130,18 @@ def test_the_present_gpu_is_found_by_its_name(monkeypatch: pytest.MonkeyPatch) -
     assert present_device("cuda", "h100-80gb")[1] == profile  # the present GPU named: fine
     with pytest.raises(UsageError, match=r"runs on the device present .*H100 80GB HBM3.*, not A100-80GB"):
         present_device("cuda", "A100-80GB")
+
+
+def test_a_stored_data_rate_is_added_where_the_training_process_loads_the_data(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
+    (tmp_path / "bench_data").mkdir()
+    (tmp_path / "bench_data" / "toy.json").write_text(json.dumps({"samples_per_second_per_core": 160.0}))
+    assert main(["plan", *TOY, "--measure", "--steps", "2", "--json", "--num-workers", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["measured_data_seconds_per_step"] == pytest.approx(16 / 160)
+    assert out["projected_step_seconds"] == pytest.approx(out["measured_step_seconds"] + 0.1)
+    assert main(["plan", *TOY, "--measure", "--steps", "2", "--json", "--num-workers", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["projected_step_seconds"] == pytest.approx(max(out["measured_step_seconds"], 0.05))

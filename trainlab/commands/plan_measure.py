@@ -115,14 +115,17 @@ def measure_main(recipe: Recipe[Any], options: PlanOptions, recipe_flags: list[s
     )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     stored = store_efficiency(measured, gpu, estimate.family, device_name)
-    keys = measured_json(measured, estimate, _length(recipe, result.dataset_size), stored)
+    per_core = result.data_rate.samples_per_second_per_core if result.data_rate is not None else None
+    num_workers = recipe.config.num_workers
+    data_seconds = data_seconds_per_step(measured, per_core)
+    keys = measured_json(measured, estimate, _length(recipe, result.dataset_size), stored, data_seconds, num_workers)
     if options.json:
         print(json.dumps({**to_json(result, _hand(recipe, result)), **keys}, indent=2))
     else:
         print(render(result, _hand(recipe, result)))
         print(render_time_and_cost(result, config_flags(recipe_flags)))
         print()
-        print(render_measured(measured, estimate, keys, stored, recipe.config.num_workers))
+        print(render_measured(measured, estimate, keys, stored, num_workers))
     return 0
 
 
@@ -152,8 +155,28 @@ def store_efficiency(measured: Measurement, gpu: GpuProfile | None, family: str,
     return f"stored: efficiency {mfu:.3f} in {path}; later estimates for GPU {gpu.name} and family {family} use it"
 
 
+def data_seconds_per_step(measured: Measurement, per_core: float | None) -> float | None:
+    """Seconds one process's data pipeline takes for its share of a step at `per_core` samples/s per core (the
+    stored `trainlab bench data RECIPE --json` rate; None: not stored)."""
+    return None if per_core is None else measured.global_batch / measured.gpus / per_core
+
+
+def projected_step_seconds(measured: Measurement, data_seconds: float | None, num_workers: int) -> float:
+    """The run's s/step: the measured step, plus the data pipeline's time where the training process builds the
+    batches itself (`--num-workers 0`), or at least the pipeline's time shared by the loader workers."""
+    step = measured.median_step_seconds
+    if data_seconds is None:
+        return step
+    return step + data_seconds if num_workers == 0 else max(step, data_seconds / num_workers)
+
+
 def measured_json(
-    measured: Measurement, estimate: Estimate, run_length: RunLength | None, stored: str
+    measured: Measurement,
+    estimate: Estimate,
+    run_length: RunLength | None,
+    stored: str,
+    data_seconds: float | None,
+    num_workers: int,
 ) -> dict[str, Any]:
     """The `--json` keys `--measure` adds to the plan's (whose `flops_per_step`, `step_seconds`, `efficiency_assumed`
     and `efficiency_source` are the estimate's, made before this measurement was stored)."""
@@ -173,9 +196,12 @@ def measured_json(
         "measured_peak_source": measured.peak.why,
         "efficiency_stored": bool(stored),
     }
+    projected = projected_step_seconds(measured, data_seconds, num_workers)
     steps = None if run_length is None else run_length.stop_step
+    out["measured_data_seconds_per_step"] = data_seconds
+    out["projected_step_seconds"] = projected
     out["projected_run_steps"] = steps
-    out["projected_run_seconds"] = None if steps is None else steps * measured.median_step_seconds
+    out["projected_run_seconds"] = None if steps is None else steps * projected
     return out
 
 
@@ -232,20 +258,29 @@ def render_measured(
             "  peak memory        not measured on a CPU; resident set growth "
             f"{memory['peak_memory_bytes'] / 2**20:,.0f} MiB (high-water mark)"
         )
+    data = keys["measured_data_seconds_per_step"]
+    projected = keys["projected_step_seconds"]
+    if data is None:
+        lines.append(
+            "  data               not read and not counted: a run with --num-workers 0 adds its pipeline's time to "
+            "every step (`trainlab bench data RECIPE --json` stores it per core; later --measure runs add it)"
+            if num_workers == 0
+            else f"  data               not read: {num_workers} loader worker(s) must deliver "
+            f"{measured.samples_per_second:,.4g} samples/s to keep this pace (`trainlab bench data RECIPE`: per core)"
+        )
+    else:
+        how = "added to each step (--num-workers 0)" if num_workers == 0 else f"shared by {num_workers} worker(s)"
+        lines.append(
+            f"  data               {data:.4g} s per step at the stored per-core rate, {how}: projected "
+            f"{projected:.4g} s/step"
+        )
     if keys.get("projected_run_seconds") is not None:
         lines.append(
-            f"  whole run          {keys['projected_run_steps']:,} optimizer steps x {s:.4g} s = "
-            f"{_duration(keys['projected_run_seconds'])} (measured s/step; data loading not included)"
+            f"  whole run          {keys['projected_run_steps']:,} optimizer steps x {projected:.4g} s = "
+            f"{_duration(keys['projected_run_seconds'])}" + ("" if data is not None else " (data loading not included)")
         )
     else:
         lines.append("  whole run          not projected: the dataset size is not known")
-    lines.append(
-        "  data               not read: a run with --num-workers 0 adds its pipeline's time to every step "
-        "(`trainlab bench data RECIPE` measures it per core); loader workers on free cores overlap it"
-        if num_workers == 0
-        else f"  data               not read: {num_workers} loader worker(s) must deliver "
-        f"{measured.samples_per_second:,.4g} samples/s to keep this pace (`trainlab bench data RECIPE`: per core)"
-    )
     if stored:
         lines.append(stored)
     return "\n".join(lines)
