@@ -15,7 +15,9 @@ no progress bar. Both commands are the real ones (`trainlab.cli.main`), given th
   (`RunProgress.update`, once per step, after the step and its logging); steady state = the median over the steps
   of the second and later epochs, without each epoch's first step (it also holds the previous epoch's evaluation and
   checkpoints, and the FLOP count: `engine/throughput.py`);
-- plan --measure: `measured_step_seconds` of `--json` (3 warm-up steps, then `--steps` timed ones, median).
+- plan --measure: `measured_step_seconds` of `--json` (3 warm-up steps, then `--steps` timed ones, median) and
+  `projected_step_seconds`: that plus the data pipeline's time per step at the per-core rate
+  `trainlab bench data RECIPE --json` measured first (stored in a temporary `$TRAINLAB_CACHE`).
 Reported per case: the median over rounds of both, measured / real - 1 (the target: within 10 %), the real run's
 `data_wait_fraction` (the share of its time spent fetching batches in this process, which --measure leaves out: no
 data is read) and measured / (real x (1 - data wait)) - 1. Also the cost of the training FLOP count: the counted
@@ -32,6 +34,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -47,6 +50,7 @@ from trainlab.config import to_dict
 from trainlab.engine import throughput
 from trainlab.engine.debug import debug_run_config
 from trainlab.engine.metrics import RunProgress
+from trainlab.memory.run_cost import data_rate_path
 from trainlab.recipes import get_recipe
 
 # case -> (recipe, model of the full-size config whose debug variant runs: '' keeps the recipe's default)
@@ -92,6 +96,20 @@ def write_config(case: str, epochs: int, folder: Path) -> Path:
     return path
 
 
+def store_data_rate(recipe: str, config: Path, seconds: float) -> float:
+    """`trainlab bench data RECIPE --json` with the config, stored where `--measure` reads it (`$TRAINLAB_CACHE`)."""
+    out = io.StringIO()
+    argv = ["bench", "data", recipe, "--config", str(config), "--seconds", str(seconds), "--json"]
+    with contextlib.redirect_stdout(out):
+        code = trainlab_main(argv)
+    if code != 0:
+        raise SystemExit(f"trainlab {' '.join(argv)} failed")
+    path = data_rate_path(recipe)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(out.getvalue())
+    return float(json.loads(out.getvalue())["samples_per_second_per_core"])
+
+
 def real_run(recipe: str, config: Path, run_dir: Path) -> dict[str, Any]:
     """`trainlab train` with the config: its steady-state s/step and the counted steps' cost."""
     _stamps.clear()
@@ -126,7 +144,7 @@ def measured_run(recipe: str, config: Path, steps: int) -> dict[str, Any]:
     if code != 0:
         raise SystemExit(f"trainlab {' '.join(argv)} failed")
     result = json.loads(out.getvalue())
-    return {k: v for k, v in result.items() if k.startswith("measured_")}
+    return {k: v for k, v in result.items() if k.startswith(("measured_", "projected_"))}
 
 
 def main() -> None:
@@ -134,6 +152,7 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--epochs", type=int, default=4, help="epochs of the real run (the first is not counted)")
     parser.add_argument("--steps", type=int, default=20, help="plan --measure --steps")
+    parser.add_argument("--data-seconds", type=float, default=3.0, help="trainlab bench data --seconds per case")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of (train, measure), alternating the order")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall", help="thread: every clock in this "
@@ -151,9 +170,11 @@ def main() -> None:
 
     cases: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-plan-measure-") as folder:
+        os.environ["TRAINLAB_CACHE"] = str(Path(folder) / "cache")  # the data rates stored here, nothing else
         for case in args.recipes:
             recipe = CASES[case][0]
             config = write_config(case, args.epochs, Path(folder))
+            per_core = store_data_rate(recipe, config, args.data_seconds)
             real: list[dict[str, Any]] = []
             measured: list[dict[str, Any]] = []
             for r in range(args.rounds):
@@ -164,13 +185,19 @@ def main() -> None:
                         measured.append(measured_run(recipe, config, args.steps))
                 print(
                     f"{case} round {r + 1}/{args.rounds}: real {real[-1]['steady_step_seconds'] * 1e3:.2f} ms/step, "
-                    f"measured {measured[-1]['measured_step_seconds'] * 1e3:.2f} ms/step",
+                    f"measured {measured[-1]['measured_step_seconds'] * 1e3:.2f} ms/step, projected with data "
+                    f"{measured[-1]['projected_step_seconds'] * 1e3:.2f} ms/step",
                     flush=True,
                 )
             real_s = statistics.median(x["steady_step_seconds"] for x in real)
             wait = statistics.median(x["data_wait_fraction"] for x in real)
             measured_s = statistics.median(x["measured_step_seconds"] for x in measured)
+            projected_s = statistics.median(x["projected_step_seconds"] for x in measured)
             cases[case] = {
+                "data_samples_per_second_per_core": per_core,
+                "projected_step_seconds": projected_s,
+                "projected_over_real_minus_1": projected_s / real_s - 1,
+                "projected_within_10_percent": abs(projected_s / real_s - 1) <= 0.10,
                 "real_step_seconds": real_s,
                 "real_step_seconds_without_data_wait": real_s * (1 - wait),
                 "measured_step_seconds": measured_s,
@@ -183,13 +210,14 @@ def main() -> None:
                 "measured": measured,
             }
 
-    print("\n| case | train s/step | data wait | --measure s/step | vs train | vs train without wait | counted step |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| case | train s/step | data wait | step alone | vs train | with data | vs train | counted step |")
+    print("|---|---|---|---|---|---|---|---|")
     for case, c in cases.items():
         print(
             f"| {case} | {c['real_step_seconds'] * 1e3:.2f} ms | {c['real_data_wait_fraction']:.1%} | "
             f"{c['measured_step_seconds'] * 1e3:.2f} ms | {c['measured_over_real_minus_1']:+.1%} | "
-            f"{c['measured_over_real_without_data_wait_minus_1']:+.1%} | x{c['counted_step_over_median']:.2f} |"
+            f"{c['projected_step_seconds'] * 1e3:.2f} ms | {c['projected_over_real_minus_1']:+.1%} | "
+            f"x{c['counted_step_over_median']:.2f} |"
         )
     write_result(
         result_path(args.json, "plan_measure", f"cpu{args.threads}t", f"{args.clock}clock", args.label),
