@@ -64,6 +64,8 @@ class PlanOptions:
         metavar="N",
         ge=0,
     )
+    measure: bool = option(False, "also run the real step on the device present and time it (plan_measure.py)")
+    steps: int = option(20, "--measure: timed optimizer steps after 3 warm-up ones (median s/step)", metavar="N", ge=1)
 
 
 def plan_help(recipe: str) -> str:
@@ -204,6 +206,10 @@ def main(argv: list[str]) -> int:
         description=plan_help(name),
         usage=USAGE.removeprefix("usage: ").replace("RECIPE", name),
     )
+    if options.measure:  # the real step on the device present, beside the plan
+        from trainlab.commands.plan_measure import measure_main
+
+        return measure_main(recipe_cls(config), options, rest, prices)
 
     from trainlab.engine.device import parse_device
     from trainlab.memory.planner import PlanRequest, plan

@@ -42,7 +42,12 @@ class DataWaitClock(Generic[T]):
 
     def window_fraction(self) -> float:
         """The fraction of the wall time spent waiting since the previous call (or since the clock was made)."""
+        return self.window()[1]
+
+    def window(self) -> tuple[float, float]:
+        """The wall seconds since the previous call (or since the clock was made) and the fraction of them spent
+        waiting; the next window starts now (the loop's throughput uses the same window: `engine.throughput`)."""
         now = time.perf_counter()
         elapsed, waited = now - self._window_start, self.waited - self._window_waited
         self._window_start, self._window_waited = now, self.waited
-        return min(waited / elapsed, 1.0) if elapsed > 0 else 0.0
+        return elapsed, (min(waited / elapsed, 1.0) if elapsed > 0 else 0.0)

@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +50,7 @@ from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import set_deterministic, set_rng_state
 from trainlab.engine.signals import StopFlag, graceful_stop
 from trainlab.engine.step import StepRunner
+from trainlab.engine.throughput import Throughput, compute_name, device_peak
 from trainlab.errors import TrainingStopped, UsageError
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,11 @@ class Trainer:
         self._data_wait_seconds: list[float] = []  # per full epoch, as the epoch times
         self._resumed_rng: dict[str, Any] | None = None
         self._bar = RunProgress(0, 0, cfg.batch_size, enabled=False, log_every=cfg.log_every)  # fit() opens its own
+        self._throughput = Throughput(
+            global_batch=cfg.batch_size,
+            peak=device_peak(self.device, compute_name(self.precision)),
+            count=not cfg.compile,
+        )
         try:
             # Before anything is built: the run directory is this process's, and the relaunch rules allow this run.
             dist.raise_together(self._claim_run_dir)
@@ -356,7 +363,10 @@ class Trainer:
             cfg.batch_size,
             enabled=cfg.progress and self.is_main,
             log_every=cfg.log_every,
+            rates=self._throughput.rates,
         )
+        if self.is_main:
+            log.info("%s", self._throughput.describe())
         if cfg.memory_snapshot:
             torch.cuda.memory._record_memory_history(max_entries=200_000)
         losses: list[float] = []
@@ -427,6 +437,7 @@ class Trainer:
         for model in self.parts.models.values():
             model.train()  # frozen and averaged models stay in eval mode
         iterator = DataWaitClock(iter(self.loader))
+        self._throughput.start_window(self.progress.step)
         synchronize(self.device)
         t0 = time.perf_counter()
         steps_done = 0
@@ -436,7 +447,7 @@ class Trainer:
             while self.progress.step_in_epoch < self.steps_per_epoch:
                 info = self.step_info()
                 try:
-                    metrics = self.runner.run(iterator, info)
+                    metrics = self._throughput.run_step(partial(self.runner.run, iterator, info), epoch, info.step)
                 except RuntimeError as err:
                     if not _overflows_weight_dtype(err):
                         raise
@@ -457,7 +468,8 @@ class Trainer:
                     self._dump_memory_snapshot()
                 if self._logs_step(self.progress.step) or self.progress.step == self.length.stop_step:
                     averaged = dist.all_reduce_mean(metrics, self.device)
-                    averaged["data_wait_fraction"] = iterator.window_fraction()
+                    seconds, averaged["data_wait_fraction"] = iterator.window()
+                    averaged.update(self._throughput.window(self.progress.step, seconds))
                     logger.log("train", self.progress.step, epoch, averaged)
                 stop_now = dist.any_rank(stop.requested, self.device)
                 reached_max = self._hit_max_steps() or (
@@ -571,6 +583,10 @@ class Trainer:
                 "seconds_per_epoch"
             ]
             summary["epochs_timed"] = len(timed)
+            rates = self._throughput.rates(self.steps_per_epoch / summary["seconds_per_epoch"])
+            summary.update({k: v for k, v in rates.items() if k != "images_per_second"})
+            if self._throughput.flops_per_step is not None:
+                summary["flops_per_step"] = self._throughput.flops_per_step
             waited = self._data_wait_seconds[-len(timed) :]
             if len(waited) == len(timed):
                 summary["data_wait_fraction"] = sum(waited) / sum(timed)

@@ -199,6 +199,14 @@ def _pick(metrics: dict[str, float], name: str) -> float | None:
     return next((v for k, v in metrics.items() if k.endswith("/" + name)), None)
 
 
+def flops_rate(tflops: float) -> str:
+    """`3.21 TFLOP/s`, `412 GFLOP/s`, `1.2 MFLOP/s`: a FLOP rate in the unit that keeps it readable."""
+    for unit, scale in (("TFLOP/s", 1.0), ("GFLOP/s", 1e-3), ("MFLOP/s", 1e-6)):
+        if tflops >= scale:
+            return f"{tflops / scale:.3g} {unit}"
+    return f"{tflops * 1e9:.3g} kFLOP/s"
+
+
 def eta_seconds(steps_done: int, elapsed: float, steps_left: int) -> float | None:
     """Whole-run ETA: the mean time per step of this process so far times the steps left (None before a step)."""
     if steps_done <= 0 or elapsed <= 0:
@@ -213,10 +221,11 @@ class RunProgress:
     Otherwise (nohup, SLURM, `| tee`): a log line (logger `trainlab.progress`, INFO) after every `log_every` steps and
     after the last one, e.g.
 
-        step 120/1000 (12%) | loss 1.234 | lr 1.00e-03 | 512 images/s | ETA 3m20s
+        step 120/1000 (12%) | loss 1.234 | lr 1.00e-03 | 512 images/s | 3.2 TFLOP/s | MFU 41.0% | ETA 3m20s
 
-    where images/s is measured since the previous line and the ETA extrapolates this process's mean time per step
-    (a resumed run counts from its resume point). `log_eval` logs every evaluation result in both cases.
+    where images/s (and the achieved TFLOP/s per device and MFU, where `rates` knows them: `engine.throughput`) are
+    measured since the previous line and the ETA extrapolates this process's mean time per step (a resumed run counts
+    from its resume point). `log_eval` logs every evaluation result in both cases.
 
     Args:
         total_steps: the optimizer step the run stops at (`RunLength.stop_step`: the end, or --max-steps).
@@ -226,6 +235,8 @@ class RunProgress:
         log_every: steps between two plain lines.
         is_tty: override the terminal detection (tests); None asks `sys.stderr.isatty()`.
         clock: seconds, monotonic (tests pass a fake one).
+        rates: optimizer steps per second -> images_per_second, achieved_tflops, mfu (those known); None: images/s
+            from `batch_size`.
     """
 
     def __init__(
@@ -238,8 +249,10 @@ class RunProgress:
         log_every: int,
         is_tty: bool | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        rates: Callable[[float], dict[str, float]] | None = None,
     ) -> None:
         self.total_steps = total_steps
+        self._rates = rates
         self.start_step = start_step
         self.batch_size = batch_size
         self.log_every = max(1, log_every)
@@ -275,7 +288,13 @@ class RunProgress:
             parts.append(f"lr {lr:.3g}")
         last_step, last_time = self._last_line
         if step > last_step and now > last_time:
-            parts.append(f"{(step - last_step) * self.batch_size / (now - last_time):.4g} images/s")
+            steps_per_second = (step - last_step) / (now - last_time)
+            rates = self._rates(steps_per_second) if self._rates is not None else {}
+            parts.append(f"{rates.get('images_per_second', steps_per_second * self.batch_size):.4g} images/s")
+            if "achieved_tflops" in rates:
+                parts.append(flops_rate(rates["achieved_tflops"]))
+            if "mfu" in rates:
+                parts.append(f"MFU {100 * rates['mfu']:.1f}%")
         self._last_line = (step, now)
         eta = eta_seconds(step - self.start_step, now - self._t0, self.total_steps - step)
         parts.append(f"ETA {_duration(eta)}" if eta is not None else "ETA ?")

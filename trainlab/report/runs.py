@@ -210,8 +210,8 @@ def summarize_run(run_dir: str | Path, label: str | None = None) -> dict[str, An
         (fractions), eval_metric, final_eval, best_eval (the run's tracked evaluation metric), final_train_loss (the
         main loss at the last logged step), final_train_loss_step, peak_memory_bytes, memory_kind,
         cuda_max_reserved_bytes, seconds_per_epoch, epochs_timed, first_epoch_timed (whether the timing includes
-        the first epoch: a one-epoch run; see `first_epoch_timed`), images_per_second (None where the run did not
-        record it).
+        the first epoch: a one-epoch run; see `first_epoch_timed`), images_per_second, achieved_tflops (per device)
+        and mfu (None where the run did not record them; mfu only where the device's peak is known).
     """
     return _summary_row(load_run(run_dir), label)
 
@@ -240,6 +240,8 @@ def _summary_row(run: RunData, label: str | None) -> dict[str, Any]:
         "epochs_timed": s.get("epochs_timed"),
         "first_epoch_timed": s.get("first_epoch_timed"),
         "images_per_second": s.get("images_per_second"),
+        "achieved_tflops": s.get("achieved_tflops"),
+        "mfu": s.get("mfu"),
     }
 
 

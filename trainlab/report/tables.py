@@ -80,7 +80,7 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
     Args:
         rows: one dict per run, as returned by `summarize_run` (keys: label, precision, seed, final_test_accuracy,
             best_test_accuracy, final_train_loss, peak_memory_bytes, memory_kind, seconds_per_epoch,
-            images_per_second; accuracies as fractions).
+            images_per_second, achieved_tflops, mfu; accuracies as fractions).
         md_path: markdown output path.
         csv_path: CSV output path.
 
@@ -112,6 +112,8 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
         "memory kind",
         "s/epoch",
         "images/s",
+        "TFLOP/s per device",
+        "MFU (%)",
     ]
     md_lines = ["| " + " | ".join(md_header) + " |", "|" + "---|" * len(md_header)]
     csv_rows = []
@@ -133,6 +135,8 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
             "cpu_rss_growth_mib": (_numbers(group, "cpu_peak_rss_growth_bytes", 1 / MIB), "{:.0f}"),
             "seconds_per_epoch": (_numbers(group, "seconds_per_epoch"), "{:.2f}"),
             "images_per_second": (_numbers(group, "images_per_second"), "{:.0f}"),
+            "achieved_tflops": (_numbers(group, "achieved_tflops"), "{:.3g}"),
+            "mfu_pct": (_numbers(group, "mfu", 100.0), "{:.1f}"),
         }
         cells = {name: _fmt(values, fmt, n) for name, (values, fmt) in columns.items()}
         metric_names = sorted({str(r["eval_metric"]) for r in group if r.get("eval_metric")})
@@ -142,7 +146,7 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
         cells["final_train_loss"] += _loss_steps_note(group)
         cells["seconds_per_epoch"] += _timed_note(group, cells["seconds_per_epoch"])
         ordered = list(cells.values())
-        split = len(ordered) - 2  # memory kind goes before s/epoch and images/s
+        split = len(ordered) - 4  # memory kind goes before s/epoch, images/s, TFLOP/s and MFU
         md_cells = [label, seed_text, *ordered[:split], ", ".join(kinds) or "n/a", *ordered[split:]]
         md_lines.append("| " + " | ".join(md_cells) + " |")
         csv_row: dict[str, Any] = {
@@ -163,7 +167,7 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
         "Final = test accuracy (or the recipe's tracked evaluation metric) after the last epoch. Best = the best "
         "over epochs, i.e. selected on the evaluation set (optimistic; shown only for comparison with tables that "
         "report it). Final train loss = the training loss at the last logged step (its step in brackets). "
-        "mean ± sample std (ddof=1) over seeds. s/epoch and images/s time the training loop only ("
+        "mean ± sample std (ddof=1) over seeds. s/epoch, images/s, TFLOP/s and MFU time the training loop only ("
         f"{timing_note([r.get('first_epoch_timed') for r in rows])}); n = the number of epochs timed.",
     ]
     md_path, csv_path = Path(md_path), Path(csv_path)
