@@ -1,7 +1,7 @@
 """Training throughput: images/s, achieved TFLOP/s and model FLOPs utilisation (MFU), logged with the metrics.
 
 FLOPs per optimizer step are counted on the real step, not modelled: the first optimizer step this process trains
-runs under a dispatch mode that adds up `torch.utils.flop_counter`'s formulas for the matrix products, convolutions
+runs under a dispatch mode that adds up the formulas of `engine.flop_formulas` for the matrix products, convolutions
 and attention kernels of the forward and the backward (the "model FLOPs" of MFU, as nanoGPT, torchtitan and PaLM
 count them; elementwise ops, norms and the optimizer's update are not counted). A step that grows (VAR's
 progressive schedule, a phase that starts late) is counted again in a later epoch, at the first step
@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
+from trainlab.engine.flop_formulas import MATRIX_FORMULAS
 from trainlab.engine.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def device_peak(device: torch.device, compute: str) -> DevicePeak:
 
 
 class _FlopCounter(TorchDispatchMode):
-    """Adds up `torch.utils.flop_counter`'s formulas for the ops that have one, and runs every op as it is.
+    """Adds up `engine.flop_formulas`' formulas for the ops that have one, and runs every op as it is.
 
     Not `FlopCounterMode` itself: that one decomposes some ops to count inside them, and the decomposed kernels sum in
     another order (a GAN's discriminator loss moved by 2e-15 in fp64), while counting must not change the step."""
@@ -97,7 +97,7 @@ class _FlopCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = flop_registry.get(func._overloadpacket)
+        formula = MATRIX_FORMULAS.get(func._overloadpacket)
         if formula is not None:
             self.flops += int(formula(*args, **kwargs, out_val=out))
         return out

@@ -4,10 +4,9 @@
 reads the tracer's `region` and `step`, so the counts fall into forward / backward / optimizer of each traced step.
 
 What is counted (the convention of model FLOPs utilisation, MFU):
-  - forward and backward: matrix products, convolutions and attention, with `torch.utils.flop_counter`'s formulas
-    (2 FLOPs per multiply-add); elementwise ops (norms, activations, losses) are not counted, as MFU does not.
-    CPU's fused attention (`_scaled_dot_product_flash_attention_for_cpu`, forward and backward) uses the same
-    attention formulas as CUDA's kernels.
+  - forward and backward: matrix products, convolutions and attention, with the formulas of
+    `engine.flop_formulas` (the training loop's counter uses the same table); elementwise ops (norms, activations,
+    losses) are not counted, as MFU does not.
   - optimizer: the optimizer's step and the recipe's after-step update (EMA, momentum encoder), one FLOP per
     element each op writes (two for the fused multiply-adds `addcmul`, `addcdiv`, `lerp`); copies, fills, views
     and allocations are not FLOPs.
@@ -15,19 +14,17 @@ Bytes moved: the inputs and outputs of every counted op (a floor for the step's 
 ops of forward and backward would add more unless fused).
 """
 
-# Shape legend: B batch, H heads, L queries, S keys, E head dim.
-
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from trainlab.engine.flop_formulas import MATRIX_FORMULAS
 
 if TYPE_CHECKING:
     from trainlab.memory.tracer import StorageTracer
@@ -76,33 +73,6 @@ class StepFlops:
         )
 
 
-def _shape(t: Any) -> tuple[int, ...]:
-    return tuple(t.shape)
-
-
-def _cpu_flash_attention(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
-    """(B, H, L, E) queries against (B, H, S, E) keys and values: 2 BHLSE + 2 BHLSE."""
-    return sdpa_flop_count(_shape(query), _shape(key), _shape(value))
-
-
-def _cpu_flash_attention_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
-    return sdpa_backward_flop_count(_shape(grad_out), _shape(query), _shape(key), _shape(value))
-
-
-def _registry() -> dict[Any, Callable[..., int]]:
-    """torch's formulas (they take the op's arguments and `out_val`) plus CPU's fused attention."""
-    formulas: dict[Any, Callable[..., int]] = dict(flop_registry)
-    for name, formula in (
-        ("_scaled_dot_product_flash_attention_for_cpu", _cpu_flash_attention),
-        ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_flash_attention_backward),
-    ):
-        if hasattr(aten, name):
-            formulas[getattr(aten, name)] = formula
-    return formulas
-
-
-_MATRIX_FORMULAS = _registry()
-
 # elementwise ops that are not arithmetic: copies, fills, allocations, views, comparisons of no consequence
 _NOT_FLOPS = {
     "_to_copy", "copy", "copy_", "clone", "detach", "alias", "view", "_unsafe_view", "reshape", "expand", "t",
@@ -146,7 +116,7 @@ class FlopCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         region = self.tracer.region
         if region in ("forward", "backward"):
-            formula = _MATRIX_FORMULAS.get(func.overloadpacket)
+            formula = MATRIX_FORMULAS.get(func.overloadpacket)
             if formula is not None:
                 part = (self.tracer.step, str(region))
                 self.flops[part] += int(formula(*args, out_val=out, **kwargs))

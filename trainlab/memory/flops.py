@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from trainlab.engine.precision import Precision
 from trainlab.engine.recipe import Recipe
 from trainlab.engine.sampler import micro_batch_size
+from trainlab.engine.throughput import compute_name as throughput_compute_name
 from trainlab.errors import UsageError
 from trainlab.memory.flop_counter import StepFlops
 from trainlab.memory.gpus import GpuProfile
@@ -75,12 +74,10 @@ def recipe_family(recipe: Recipe[Any]) -> str:
     return "small-convnet"  # cifar, toy, CIFAR-size and debug ResNets
 
 
-_COMPUTE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
 def compute_name(precision: str) -> str:
-    """The `GpuProfile.peak_tflops` key of a `--precision` mode: its autocast / weight dtype."""
-    return _COMPUTE_NAMES[Precision.parse(precision).compute_dtype]
+    """The `GpuProfile.peak_tflops` key of a `--precision` mode: the dtype its matrix products run in, as the
+    training loop names it (`engine.throughput.compute_name`; fp32 unless TF32 matmuls are allowed)."""
+    return throughput_compute_name(Precision.parse(precision))
 
 
 def estimate_step_seconds(flops: StepFlops, gpu: GpuProfile, compute: str, efficiency: float) -> float:
