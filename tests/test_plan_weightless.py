@@ -49,3 +49,12 @@ def test_auto_without_a_file_names_the_fix() -> None:
     with shapes_only(), pytest.raises(UsageError, match="--tokenizer-model vqvae_official"):
         load_tokenizer("", "auto", PATCH_NUMS)
     assert weights_needed()
+
+
+def test_the_fsdp_layout_needs_no_file_either() -> None:
+    """The --fsdp lever of a multi-GPU plan builds the recipe for its shard units: shapes only, as the trace."""
+    from trainlab.memory.fsdp_memory import recipe_layout
+
+    layout = recipe_layout(_official_var(tokenizer_model="vqvae_official", tokenizer_weights=""))
+    assert set(layout) == {"var"} and len(layout["var"]) > 1
+    assert weights_needed()
