@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -142,7 +143,11 @@ def test_fsdp_is_a_lever_when_ddp_does_not_fit(tmp_path: Path) -> None:
     planned = plan(recipe, PlanRequest(device="cuda", gpu=gpu, gpus=2))
     lever = next(lv for lv in planned.levers if lv.name == "fsdp")
     assert planned.fits is False
-    assert lever.fits is True and "DDP does not fit" in lever.description
+    assert lever.fits is True
+    largest = int(re.search(r"largest micro-batch (\d+)", lever.description).group(1))  # type: ignore[union-attr]
+    ddp_largest = planned.max_micro_batch or 0
+    assert largest > ddp_largest
+    assert (f"(DDP: {ddp_largest})" if ddp_largest else "DDP does not fit at any micro-batch") in lever.description
 
 
 TINY_VAR = [

@@ -633,9 +633,13 @@ def _fsdp_lever(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, resu
     capacity = request.gpu.total_bytes
     largest = largest_micro_batch(at, capacity, recipe.config.batch_size // request.gpus, result.min_micro_batch)
     ddp = result.max_micro_batch or 0
-    if result.fits:
-        gain = f"largest micro-batch {largest} (DDP: {ddp})" if largest > ddp else f"no larger micro-batch ({ddp})"
+    if not largest:
+        gain = "does not fit either"
+    elif not ddp:
+        gain = f"DDP does not fit at any micro-batch; largest micro-batch {largest}"
+    elif largest > ddp:
+        gain = f"largest micro-batch {largest} (DDP: {ddp})"
     else:
-        gain = f"DDP does not fit; largest micro-batch {largest}" if largest else "does not fit either"
+        gain = f"no larger micro-batch ({ddp})"
     description = f"--fsdp (states sharded over {request.gpus} GPUs, micro-batch {micro}): {gain}"
     return Lever("fsdp", description, t, t <= capacity)
