@@ -7,9 +7,9 @@ come from where the run's would:
   the configured workers, pinned memory and collate: `engine.sampler`), epoch after epoch, so each timed step holds
   what a `trainlab train` step holds: reading, augmenting and collating its batches (in this process with
   `--num-workers 0`, else waiting for the workers) and the step on them. The time spent in the loader's `next()` is
-  recorded per step (`data_wait_seconds`). With the loader around it a step is slower than the step on batches kept
-  in memory by more than the loader's own time (CPU, 1 thread: toy 0.77 -> 1.47 ms per step with 0.17 ms inside the
-  loader; benchmarks/README.md, section 10), so the pipeline's time cannot be added from outside;
+  recorded per step (`data_wait_seconds`). With the loader around it the step itself is slower than on batches
+  held in memory (toy, one CPU thread: 0.86-0.95 ms per step besides the 0.17 ms inside the loader, against
+  0.77-0.85 ms; benchmarks/README.md, section 10), so the pipeline's time cannot simply be added from outside;
 - the data not on this machine (`recipe.build_data` raises a `UsageError`: a missing root or file; the caller turns
   downloads off): synthetic batches of the real shapes and dtypes, made as the planner's tracer makes its fake ones
   (`recipe.example_batch(micro_batch)`), with the floating tensors filled from a seeded normal draw (an all-zero
