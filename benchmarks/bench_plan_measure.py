@@ -16,11 +16,14 @@ no progress bar. Both commands are the real ones (`trainlab.cli.main`), given th
   of the second and later epochs, without each epoch's first step (it also holds the previous epoch's evaluation and
   checkpoints, and the FLOP count: `engine/throughput.py`);
 - plan --measure: `measured_step_seconds` of `--json` (3 warm-up steps, then `--steps` timed ones, median) and
-  `projected_step_seconds`: that plus the data pipeline's time per step at the per-core rate
+  `projected_step_seconds`. Every case's data is on this machine, so `--measure` draws its batches through the
+  recipe's training loader (`measured_data`: "loader") and the projection is the measured step itself;
+  `--synthetic` makes the recipe's data look absent (its `build_data` raises, as for a missing folder): synthetic
+  batches, and the projection adds the data pipeline's time per step at the per-core rate
   `trainlab bench data RECIPE --json` measured first (stored in a temporary `$TRAINLAB_CACHE`).
-Reported per case: the median over rounds of both, measured / real - 1 (the target: within 10 %), the real run's
-`data_wait_fraction` (the share of its time spent fetching batches in this process, which --measure leaves out: no
-data is read) and measured / (real x (1 - data wait)) - 1. Also the cost of the training FLOP count: the counted
+Reported per case: the median over rounds of both, projected / real - 1 (the target: within 10 %), the real run's
+`data_wait_fraction` (the share of its time spent fetching batches in this process) and --measure's (the median time
+inside the loader over the median step; synthetic batches: none). Also the cost of the training FLOP count: the counted
 step's time (inside `count_flops`) over the median uncounted step (the bench counts each epoch's first step, outside
 the steady state; training counts at most once in `throughput.RECOUNT_STEPS` steps).
 """
@@ -50,6 +53,7 @@ from trainlab.config import to_dict
 from trainlab.engine import throughput
 from trainlab.engine.debug import debug_run_config
 from trainlab.engine.metrics import RunProgress
+from trainlab.errors import UsageError
 from trainlab.memory.run_cost import data_rate_path
 from trainlab.recipes import get_recipe
 
@@ -135,16 +139,34 @@ def real_run(recipe: str, config: Path, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def measured_run(recipe: str, config: Path, steps: int) -> dict[str, Any]:
+def absent_data(self: Any, parts: Any, device: Any) -> Any:
+    """`--synthetic`: the recipe's `build_data` as where the data is not on the machine."""
+    raise UsageError("the data is not on this machine (bench_plan_measure.py --synthetic)")
+
+
+def measured_run(recipe: str, config: Path, steps: int, synthetic: bool) -> dict[str, Any]:
     """`trainlab plan --measure --json` with the config."""
     out = io.StringIO()
     argv = ["plan", recipe, "--config", str(config), "--measure", "--steps", str(steps), "--json"]
-    with contextlib.redirect_stdout(out):
-        code = trainlab_main(argv)
+    recipe_cls = get_recipe(recipe)
+    build_data = recipe_cls.build_data
+    if synthetic:
+        recipe_cls.build_data = absent_data  # type: ignore[method-assign]
+    try:
+        with contextlib.redirect_stdout(out):
+            code = trainlab_main(argv)
+    finally:
+        recipe_cls.build_data = build_data  # type: ignore[method-assign]
     if code != 0:
         raise SystemExit(f"trainlab {' '.join(argv)} failed")
     result = json.loads(out.getvalue())
     return {k: v for k, v in result.items() if k.startswith(("measured_", "projected_"))}
+
+
+def measured_wait(x: dict[str, Any]) -> float:
+    """--measure's share of the step inside the loader (0 for synthetic batches)."""
+    data = x["measured_data_seconds_per_step"] if x["measured_data"] == "loader" else 0.0
+    return float(data / x["measured_step_seconds"])
 
 
 def main() -> None:
@@ -155,6 +177,8 @@ def main() -> None:
     parser.add_argument("--data-seconds", type=float, default=3.0, help="trainlab bench data --seconds per case")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of (train, measure), alternating the order")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--synthetic", action="store_true", help="--measure as where the data is not on the machine: "
+                        "synthetic batches plus the stored data rate")  # fmt: skip
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall", help="thread: every clock in this "
                         "process reads the main thread's CPU time (with 1 torch thread and no loader workers, all the "
                         "work), so other processes on a shared machine do not move the numbers")  # fmt: skip
@@ -182,7 +206,7 @@ def main() -> None:
                     if kind == "train":
                         real.append(real_run(recipe, config, Path(folder) / f"{case}_{r}"))
                     else:
-                        measured.append(measured_run(recipe, config, args.steps))
+                        measured.append(measured_run(recipe, config, args.steps, args.synthetic))
                 print(
                     f"{case} round {r + 1}/{args.rounds}: real {real[-1]['steady_step_seconds'] * 1e3:.2f} ms/step, "
                     f"measured {measured[-1]['measured_step_seconds'] * 1e3:.2f} ms/step, projected with data "
@@ -194,6 +218,8 @@ def main() -> None:
             measured_s = statistics.median(x["measured_step_seconds"] for x in measured)
             projected_s = statistics.median(x["projected_step_seconds"] for x in measured)
             cases[case] = {
+                "measured_data": measured[-1]["measured_data"],
+                "measured_data_wait_fraction": statistics.median(measured_wait(x) for x in measured),
                 "data_samples_per_second_per_core": per_core,
                 "projected_step_seconds": projected_s,
                 "projected_over_real_minus_1": projected_s / real_s - 1,
@@ -210,17 +236,25 @@ def main() -> None:
                 "measured": measured,
             }
 
-    print("\n| case | train s/step | data wait | step alone | vs train | with data | vs train | counted step |")
+    print("\n| case | train s/step | its data wait | --measure batches | its data wait | projected | vs train | "
+          "counted step |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for case, c in cases.items():
         print(
             f"| {case} | {c['real_step_seconds'] * 1e3:.2f} ms | {c['real_data_wait_fraction']:.1%} | "
-            f"{c['measured_step_seconds'] * 1e3:.2f} ms | {c['measured_over_real_minus_1']:+.1%} | "
+            f"{c['measured_data']} | {c['measured_data_wait_fraction']:.1%} | "
             f"{c['projected_step_seconds'] * 1e3:.2f} ms | {c['projected_over_real_minus_1']:+.1%} | "
             f"x{c['counted_step_over_median']:.2f} |"
         )
     write_result(
-        result_path(args.json, "plan_measure", f"cpu{args.threads}t", f"{args.clock}clock", args.label),
+        result_path(
+            args.json,
+            "plan_measure",
+            f"cpu{args.threads}t",
+            f"{args.clock}clock",
+            "synthetic" if args.synthetic else "loader",
+            args.label,
+        ),
         {"settings": settings(args), "environment": environment(), "cases": cases},
     )
 

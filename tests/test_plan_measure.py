@@ -3,15 +3,18 @@ efficiency (only for a GPU with a known peak) and the one-line errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from trainlab.cli import main
-from trainlab.commands.plan_measure import store_efficiency
+from trainlab.commands.plan_measure import store_efficiency, without_downloads
 from trainlab.engine.throughput import DevicePeak
+from trainlab.errors import UsageError
 from trainlab.memory.efficiency import efficiency_for
 from trainlab.memory.gpus import GPU_PROFILES
 from trainlab.memory.measure import Measurement, measure_step, synthetic_batches
@@ -110,12 +113,57 @@ def test_measure_json_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path, m
     assert not (tmp_path / "efficiency.json").exists()
 
 
-def test_measure_table(capsys: pytest.CaptureFixture[str]) -> None:
+def _data_not_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The toy recipe as if its data were not on this machine (as a missing CIFAR-10 folder raises)."""
+
+    def missing(self: object, parts: object, device: object) -> None:
+        raise UsageError("--data.root /nowhere not found: pass the folder")
+
+    monkeypatch.setattr(get_recipe("toy"), "build_data", missing)
+
+
+def test_measure_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["plan", *TOY, "--measure", "--steps", "2", "--num-workers", "0"]) == 0
     text = capsys.readouterr().out
     rows = ("measured on cpu", "s/step", "samples/s", "FLOP/s per device", "unknown peak", "not measured on a CPU")
-    for row in (*rows, "--num-workers 0 adds"):
+    for row in (*rows, "batches from the loader", "the recipe's data through its training loader"):
         assert row in text
+    _data_not_here(monkeypatch)
+    assert main(["plan", *TOY, "--measure", "--steps", "2", "--num-workers", "0"]) == 0
+    text = capsys.readouterr().out
+    for row in (*rows, "synthetic batches", "not read (the data is not on this machine (--data.root /nowhere not "):
+        assert row in text
+    assert "--num-workers 0 adds" in text
+
+
+def test_measure_step_runs_the_recipe_loader_when_the_data_is_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe_cls = get_recipe("toy")
+    config = recipe_cls.config_class(num_samples=64, batch_size=16, device="cpu")
+    fetched: list[int] = []
+    build_data = recipe_cls.build_data
+
+    def counted(self: Any, parts: Any, device: torch.device) -> Any:
+        dataset = build_data(self, parts, device)
+        getitem = type(dataset).__getitem__
+        monkeypatch.setattr(type(dataset), "__getitem__", lambda ds, i: fetched.append(i) or getitem(ds, i))
+        return dataset
+
+    monkeypatch.setattr(recipe_cls, "build_data", counted)
+    m = measure_step(recipe_cls(config), torch.device("cpu"), steps=5, warmup_steps=2)
+    assert m.data == "loader" and "training loader" in m.data_note
+    assert len(fetched) == 7 * 16  # every step's samples read through the loader, across the epoch's end (4 steps)
+    assert len(m.data_wait_seconds) == 5 and all(0 < w <= s for w, s in zip(m.data_wait_seconds, m.step_seconds))
+    _data_not_here(monkeypatch)
+    m = measure_step(recipe_cls(config), torch.device("cpu"), steps=2, warmup_steps=1)
+    assert m.data == "synthetic" and "not on this machine" in m.data_note and m.data_wait_seconds == []
+
+
+def test_measure_never_downloads() -> None:
+    cifar = get_recipe("cifar").config_class()
+    cifar = dataclasses.replace(cifar, data=dataclasses.replace(cifar.data, kind="cifar10", download=True))
+    assert without_downloads(cifar).data.download is False and cifar.data.download is True
+    toy = get_recipe("toy").config_class()
+    assert without_downloads(toy) == toy
 
 
 def test_the_present_gpu_is_found_by_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,12 +180,26 @@ def test_the_present_gpu_is_found_by_its_name(monkeypatch: pytest.MonkeyPatch) -
         present_device("cuda", "A100-80GB")
 
 
-def test_a_stored_data_rate_is_added_where_the_training_process_loads_the_data(
+def test_a_stored_data_rate_is_not_added_to_steps_that_ran_the_loader(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
     (tmp_path / "bench_data").mkdir()
     (tmp_path / "bench_data" / "toy.json").write_text(json.dumps({"samples_per_second_per_core": 160.0}))
+    assert main(["plan", *TOY, "--measure", "--steps", "3", "--json", "--num-workers", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["measured_data"] == "loader"
+    assert out["projected_step_seconds"] == out["measured_step_seconds"]
+    assert 0 < out["measured_data_seconds_per_step"] < out["measured_step_seconds"]  # the loader's part, not 0.1 s
+
+
+def test_a_stored_data_rate_is_added_to_synthetic_steps_where_the_training_process_loads_the_data(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
+    (tmp_path / "bench_data").mkdir()
+    (tmp_path / "bench_data" / "toy.json").write_text(json.dumps({"samples_per_second_per_core": 160.0}))
+    _data_not_here(monkeypatch)
     assert main(["plan", *TOY, "--measure", "--steps", "2", "--json", "--num-workers", "0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["measured_data_seconds_per_step"] == pytest.approx(16 / 160)

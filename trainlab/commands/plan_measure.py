@@ -2,18 +2,22 @@
 
 On the device the training flag `--device` names (default: the recipe's; `auto` is CUDA when present, else the
 CPU): the memory plan for that device (on CUDA against the present GPU's profile), then `memory.measure.measure_step`
-(warm-up steps, then N timed optimizer steps of the real recipe on synthetic batches), and beside each other:
+(warm-up steps, then N timed optimizer steps of the real recipe: on the recipe's data through its training loader when
+the data is on this machine, else on synthetic batches; downloads are turned off), and beside each other:
 measured and estimated s/step, samples/s, achieved TFLOP/s and MFU (where the device's peak is known), the measured
 and the planned peak memory, and the projection of the whole run (the configured epochs x steps per epoch of the
-dataset size). On CUDA with a known peak the measured efficiency (MFU against the traced FLOPs the estimate uses) is
-stored for the GPU and the recipe family (`memory.efficiency.store_measured`); later estimates for that GPU and
-family use it, and the output says so.
+dataset size). The projected s/step is the measured one where the loader ran (its time is inside the steps); with
+synthetic batches it adds the data pipeline's time from a stored `trainlab bench data RECIPE --json` rate, where one
+is stored (the step's slow-down by the loader around it is then not included). On CUDA with a known peak the
+measured efficiency (MFU against the traced FLOPs the estimate uses) is stored for the GPU and the recipe family
+(`memory.efficiency.store_measured`); later estimates for that GPU and family use it, and the output says so.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from trainlab.errors import UsageError
@@ -103,7 +107,8 @@ def measure_main(recipe: Recipe[Any], options: PlanOptions, recipe_flags: list[s
     result = plan(recipe, request)
     estimate = estimate_of(result)
     assert result.flops is not None  # the planner counts the configured step's FLOPs
-    fresh = type(recipe)(recipe.config)  # the planner traced `recipe` on fake tensors: build the real one anew
+    # the planner traced `recipe` on fake tensors: build the real one anew; never download data to measure
+    fresh = type(recipe)(without_downloads(recipe.config))
     measured = measure_step(
         fresh,
         device,
@@ -155,17 +160,31 @@ def store_efficiency(measured: Measurement, gpu: GpuProfile | None, family: str,
     return f"stored: efficiency {mfu:.3f} in {path}; later estimates for GPU {gpu.name} and family {family} use it"
 
 
+def without_downloads(config: Any) -> Any:
+    """`config` with its `download` flags (the data group's, the recipe's own) turned off."""
+    data = getattr(config, "data", None)
+    if data is not None and getattr(data, "download", False):
+        config = replace(config, data=replace(data, download=False))
+    if getattr(config, "download", False):
+        config = replace(config, download=False)
+    return config
+
+
 def data_seconds_per_step(measured: Measurement, per_core: float | None) -> float | None:
-    """Seconds one process's data pipeline takes for its share of a step at `per_core` samples/s per core (the
-    stored `trainlab bench data RECIPE --json` rate; None: not stored)."""
+    """Seconds one process's data pipeline takes for its share of a step: with the loader measured, the median time
+    inside its `next()` per timed step; with synthetic batches, at `per_core` samples/s per core (the stored
+    `trainlab bench data RECIPE --json` rate; None: not stored)."""
+    if measured.data == "loader":
+        return statistics.median(measured.data_wait_seconds)
     return None if per_core is None else measured.global_batch / measured.gpus / per_core
 
 
 def projected_step_seconds(measured: Measurement, data_seconds: float | None, num_workers: int) -> float:
-    """The run's s/step: the measured step, plus the data pipeline's time where the training process builds the
-    batches itself (`--num-workers 0`), or at least the pipeline's time shared by the loader workers."""
+    """The run's s/step: the measured step where the loader ran (its time is inside); with synthetic batches the
+    measured step plus the data pipeline's time where the training process builds the batches itself
+    (`--num-workers 0`), or at least the pipeline's time shared by the loader workers."""
     step = measured.median_step_seconds
-    if data_seconds is None:
+    if data_seconds is None or measured.data == "loader":
         return step
     return step + data_seconds if num_workers == 0 else max(step, data_seconds / num_workers)
 
@@ -195,6 +214,8 @@ def measured_json(
         "measured_peak_tflops": None if measured.peak.flops is None else measured.peak.flops / 1e12,
         "measured_peak_source": measured.peak.why,
         "efficiency_stored": bool(stored),
+        "measured_data": measured.data,
+        "measured_data_note": measured.data_note,
     }
     projected = projected_step_seconds(measured, data_seconds, num_workers)
     steps = None if run_length is None else run_length.stop_step
@@ -234,7 +255,7 @@ def render_measured(
     lines = [
         f"measured on {measured.device} ({measured.precision}, micro-batch {measured.micro_batch} x accumulation "
         f"{measured.grad_accumulation}; {measured.warmup_steps} warm-up + {measured.steps} timed optimizer steps, "
-        "synthetic batches):",
+        f"{'batches from the loader' if measured.data == 'loader' else 'synthetic batches'}):",
         f"  s/step             {s:.4g} (median; range {spread})"
         + (
             f"; estimated {estimate.step_seconds:.4g} ({estimate.why})"
@@ -260,19 +281,25 @@ def render_measured(
         )
     data = keys["measured_data_seconds_per_step"]
     projected = keys["projected_step_seconds"]
-    if data is None:
+    if measured.data == "loader":
         lines.append(
-            "  data               not read and not counted: a run with --num-workers 0 adds its pipeline's time to "
-            "every step (`trainlab bench data RECIPE --json` stores it per core; later --measure runs add it)"
+            f"  data               {measured.data_note}: inside each timed step, {data:.4g} s of it in the "
+            f"loader (median); projected {projected:.4g} s/step"
+        )
+    elif data is None:
+        lines.append(
+            f"  data               not read ({measured.data_note}) and not counted: a run with --num-workers 0 adds "
+            "its pipeline's time to every step (`trainlab bench data RECIPE --json` stores it per core; later "
+            "--measure runs add it)"
             if num_workers == 0
-            else f"  data               not read: {num_workers} loader worker(s) must deliver "
+            else f"  data               not read ({measured.data_note}): {num_workers} loader worker(s) must deliver "
             f"{measured.samples_per_second:,.4g} samples/s to keep this pace (`trainlab bench data RECIPE`: per core)"
         )
     else:
         how = "added to each step (--num-workers 0)" if num_workers == 0 else f"shared by {num_workers} worker(s)"
         lines.append(
-            f"  data               {data:.4g} s per step at the stored per-core rate, {how}: projected "
-            f"{projected:.4g} s/step"
+            f"  data               not read ({measured.data_note}): {data:.4g} s per step at the stored per-core "
+            f"rate, {how}: projected {projected:.4g} s/step (the loader's slow-down of the step not included)"
         )
     if keys.get("projected_run_seconds") is not None:
         lines.append(

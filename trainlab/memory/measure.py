@@ -2,10 +2,19 @@
 
 The set-up is the Trainer's (`engine.assemble.assemble`: seed, `recipe.build`, averaged copies, precision, the
 device, one `LossScaler` and `Scheduler` per phase, `--compile`, the health monitor, the `StepRunner`); the batches
-are synthetic ones of the real shapes and dtypes, made as the planner's tracer makes its fake ones
-(`recipe.example_batch(micro_batch)`), with the floating tensors filled from a seeded normal draw (an all-zero image
-can take degenerate paths: BatchNorm of a constant) and kept in host memory (pinned on CUDA, as the loader's), so no
-data is read and the data pipeline costs nothing: the measured time is the step's alone.
+come from where the run's would:
+- the data on this machine: the Trainer's own loader (`recipe.build_data`, the step sampler of this process's share,
+  the configured workers, pinned memory and collate: `engine.sampler`), epoch after epoch, so each timed step holds
+  what a `trainlab train` step holds: reading, augmenting and collating its batches (in this process with
+  `--num-workers 0`, else waiting for the workers) and the step on them. The time spent in the loader's `next()` is
+  recorded per step (`data_wait_seconds`). With the loader around it the step itself is slower than on batches
+  held in memory (toy, one CPU thread: 0.86-0.95 ms per step besides the 0.17 ms inside the loader, against
+  0.77-0.85 ms; benchmarks/README.md, section 10), so the pipeline's time cannot simply be added from outside;
+- the data not on this machine (`recipe.build_data` raises a `UsageError`: a missing root or file; the caller turns
+  downloads off): synthetic batches of the real shapes and dtypes, made as the planner's tracer makes its fake ones
+  (`recipe.example_batch(micro_batch)`), with the floating tensors filled from a seeded normal draw (an all-zero
+  image can take degenerate paths: BatchNorm of a constant) and kept in host memory (pinned on CUDA, as the
+  loader's): no data is read, and the measured time is the step's alone (`data_note` says why).
 
 `warmup_steps` optimizer steps run first (the first creates the optimizer states, allocates the allocator's
 segments, picks cuDNN / inductor kernels); FLOPs are counted on the last of them (`engine.throughput.count_flops`,
@@ -30,11 +39,12 @@ from typing import Any
 import torch
 
 from trainlab.engine.assemble import assemble
+from trainlab.engine.data_wait import DataWaitClock
 from trainlab.engine.peak_memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.precision import Precision, check_device_support
-from trainlab.engine.recipe import Batch, Recipe, StepInfo
+from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
 from trainlab.engine.run_length import RunLength, run_length
-from trainlab.engine.sampler import micro_batch_size
+from trainlab.engine.sampler import StepBatchSampler, build_loader, micro_batch_size
 from trainlab.engine.seeding import set_deterministic
 from trainlab.engine.throughput import DevicePeak, compute_name, count_flops, device_peak
 from trainlab.errors import UsageError
@@ -60,6 +70,9 @@ class Measurement:
         flops_per_step: one process's FLOPs per optimizer step; flops_source says where it comes from.
         peak: the device's dense peak for `compute` (None on a CPU or an unknown GPU).
         memory: peak memory (see the module docstring); memory_kind names what it is.
+        data: where the batches came from: "loader" (the recipe's data through the Trainer's loader) or "synthetic".
+        data_note: the loader's description, or why the batches are synthetic.
+        data_wait_seconds: each timed step's seconds inside the loader's `next()` (empty for synthetic batches).
     """
 
     device: str
@@ -76,6 +89,9 @@ class Measurement:
     flops_source: str
     peak: DevicePeak
     memory: dict[str, Any] = field(default_factory=dict)
+    data: str = "synthetic"
+    data_note: str = ""
+    data_wait_seconds: list[float] = field(default_factory=list)
 
     @property
     def median_step_seconds(self) -> float:
@@ -121,6 +137,55 @@ def _cycle(batches: list[Batch]) -> Iterator[Batch]:
         yield from batches
 
 
+@dataclass
+class _Batches:
+    """The batches the measured steps draw: the recipe's loader (when its data is on this machine) or synthetic ones;
+    filled in by `length_of` while the run is assembled (the data is built where the Trainer builds it)."""
+
+    recipe: Recipe[Any]
+    micro: int
+    gpus: int
+    device: torch.device
+    length: RunLength
+    iterator: Iterator[Batch] | None = None
+    data: str = "synthetic"
+    note: str = ""
+
+    def length_of(self, parts: TrainParts) -> RunLength:
+        cfg = self.recipe.config
+        try:
+            dataset = self.recipe.build_data(parts, self.device)
+        except UsageError as err:
+            self.note = f"the data is not on this machine ({str(err).rstrip('.')})"
+            self.iterator = _cycle(synthetic_batches(self.recipe, self.micro, self.device))
+            return self.length
+        sampler = StepBatchSampler(
+            len(dataset),  # type: ignore[arg-type]
+            batch_size=cfg.batch_size,
+            accumulation=cfg.grad_accumulation,
+            rank=0,
+            world=self.gpus,
+            seed=cfg.seed,
+        )
+        options = cfg.loader_options(self.device.type)
+        loader = build_loader(dataset, sampler, options=options, seed=cfg.seed)
+        self.data, self.note = "loader", f"the recipe's data through its training loader ({options.describe()})"
+        self.iterator = _epochs(loader, dataset, sampler)
+        return run_length(sampler.steps_per_epoch, epochs=cfg.epochs, max_steps=cfg.max_steps)
+
+
+def _epochs(loader: Any, dataset: Any, sampler: StepBatchSampler) -> Iterator[Batch]:
+    """The loader's batches epoch after epoch, each epoch set on the sampler and the dataset as the Trainer sets it."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        set_epoch = getattr(dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
 def measure_step(
     recipe: Recipe[Any],
     device: torch.device,
@@ -140,7 +205,8 @@ def measure_step(
         steps: timed optimizer steps (>= 1).
         warmup_steps: untimed optimizer steps first (>= 1: FLOPs are counted on the last).
         gpus: processes the global batch is shared by; this process runs one share (no communication measured).
-        dataset_size: samples per epoch, for the schedule's horizon (None: `SCHEDULE_STEPS`).
+        dataset_size: samples per epoch, for the schedule's horizon with synthetic batches (None: `SCHEDULE_STEPS`);
+            with the data on this machine the schedule is the Trainer's, from the dataset.
         flops_per_step: one process's FLOPs per optimizer step (the traced count); None: counted on the real step.
         flops_source: where `flops_per_step` comes from (shown with it).
 
@@ -160,19 +226,23 @@ def measure_step(
     reset_peak(device)
     rss_at_start = current_rss_bytes()
     with precision.default_dtype():
+        source = _Batches(recipe, micro, gpus, device, length)
         run = assemble(
             recipe,
             device=device,
             precision=precision,
-            length_of=lambda parts: length,
+            length_of=source.length_of,
             compile_models=cfg.compile,
             health_every=cfg.health_every,
         )
+        length = run.length
         for model in run.parts.models.values():
             model.train()
-        batches = _cycle(synthetic_batches(recipe, micro, device))
+        assert source.iterator is not None
+        batches = DataWaitClock(source.iterator)
         counted: int | None = None
         seconds: list[float] = []
+        waited: list[float] = []
         for step in range(warmup_steps + steps):
             info = StepInfo(
                 step=step,
@@ -183,7 +253,7 @@ def measure_step(
                 num_micro_steps=cfg.grad_accumulation,
             )
             synchronize(device)
-            began = time.perf_counter()
+            began, waited_before = time.perf_counter(), batches.waited
             if step == warmup_steps - 1 and flops_per_step is None:
                 _, counted = count_flops(lambda: run.runner.run(batches, info))  # noqa: B023 - called at once
             else:
@@ -191,6 +261,7 @@ def measure_step(
             synchronize(device)
             if step >= warmup_steps:
                 seconds.append(time.perf_counter() - began)
+                waited.append(batches.waited - waited_before)
         memory = peak_memory(device)
     if device.type != "cuda":
         memory = {
@@ -214,6 +285,9 @@ def measure_step(
         flops_source=flops_source if flops_per_step is not None else COUNTED,
         peak=device_peak(device, compute_name(precision)),
         memory=memory,
+        data=source.data,
+        data_note=source.note,
+        data_wait_seconds=waited if source.data == "loader" else [],
     )
 
 
