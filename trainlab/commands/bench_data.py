@@ -83,20 +83,12 @@ def run(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any]:
 def _measure(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any]:
     import torch
 
-    from trainlab.engine.sampler import StepBatchSampler, build_loader
+    from trainlab.engine.sampler import training_loader
 
     cpu = torch.device("cpu")
     recipe = get_recipe(name)(config)
     dataset = recipe.build_data(recipe.build(cpu), cpu)
-    sampler = StepBatchSampler(
-        len(dataset),  # type: ignore[arg-type]
-        batch_size=config.batch_size,
-        accumulation=config.grad_accumulation,
-        rank=0,
-        world=1,
-        seed=config.seed,
-    )
-    loader = build_loader(dataset, sampler, options=config.loader_options("cpu"), seed=config.seed)
+    _, loader, _ = training_loader(dataset, config, device_type="cpu", rank=0, world=1)
     result = measure_loader(loader, dataset, options.seconds)
     cores = max(config.num_workers, 1)
     return {

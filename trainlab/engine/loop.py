@@ -45,7 +45,7 @@ from trainlab.engine.run_dir import RunDir
 from trainlab.engine.run_length import RunLength, run_length
 from trainlab.engine.run_lock import RunDirLock
 from trainlab.engine.runinfo import write_config
-from trainlab.engine.sampler import StepBatchSampler, build_loader
+from trainlab.engine.sampler import training_loader
 from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import set_deterministic, set_rng_state
 from trainlab.engine.signals import StopFlag, graceful_stop
@@ -176,17 +176,10 @@ class Trainer:
         cfg = self.config
         self.train_dataset = self.recipe.build_data(parts, self.device)
         self.dataset_size = len(self.train_dataset)  # type: ignore[arg-type]
-        self.sampler = StepBatchSampler(
-            self.dataset_size,
-            batch_size=cfg.batch_size,
-            accumulation=cfg.grad_accumulation,
-            rank=dist.rank(),
-            world=self.world,
-            seed=cfg.seed,
+        self.sampler, self.loader, options = training_loader(
+            self.train_dataset, cfg, device_type=self.device.type, rank=dist.rank(), world=self.world
         )
-        options = cfg.loader_options(self.device.type)
         log.info("training loader: %s", options.describe())
-        self.loader = build_loader(self.train_dataset, self.sampler, options=options, seed=cfg.seed)
         return run_length(self.sampler.steps_per_epoch, epochs=cfg.epochs, max_steps=cfg.max_steps)
 
     def _restore(self) -> None:

@@ -10,7 +10,7 @@ of samples whatever the number of processes or accumulation steps, which is what
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -18,6 +18,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from trainlab.data.loader_options import LoaderOptions
 from trainlab.engine.seeding import derive_seed, worker_init_fn
 from trainlab.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainlab.engine.recipe import TrainConfig
 
 
 def micro_batch_size(batch_size: int, accumulation: int, world: int) -> int:
@@ -115,3 +118,21 @@ def build_loader(
         persistent_workers=options.persistent_workers,
         prefetch_factor=options.prefetch_factor,
     )
+
+
+def training_loader(
+    dataset: Dataset[Any], config: TrainConfig, *, device_type: str, rank: int, world: int
+) -> tuple[StepBatchSampler, DataLoader[Any], LoaderOptions]:
+    """The training loader of a run, as the Trainer, `trainlab bench data` and `trainlab plan --measure` all build it:
+    the step sampler of `rank`'s share of the global batch and the DataLoader with the config's options resolved for
+    the device (`config.loader_options`)."""
+    sampler = StepBatchSampler(
+        len(dataset),  # type: ignore[arg-type]
+        batch_size=config.batch_size,
+        accumulation=config.grad_accumulation,
+        rank=rank,
+        world=world,
+        seed=config.seed,
+    )
+    options = config.loader_options(device_type)
+    return sampler, build_loader(dataset, sampler, options=options, seed=config.seed), options

@@ -44,7 +44,7 @@ from trainlab.engine.peak_memory import current_rss_bytes, peak_memory, reset_pe
 from trainlab.engine.precision import Precision, check_device_support
 from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
 from trainlab.engine.run_length import RunLength, run_length
-from trainlab.engine.sampler import StepBatchSampler, build_loader, micro_batch_size
+from trainlab.engine.sampler import StepBatchSampler, micro_batch_size, training_loader
 from trainlab.engine.seeding import set_deterministic
 from trainlab.engine.throughput import DevicePeak, compute_name, count_flops, device_peak
 from trainlab.errors import UsageError
@@ -159,16 +159,7 @@ class _Batches:
             self.note = f"the data is not on this machine ({str(err).rstrip('.')})"
             self.iterator = _cycle(synthetic_batches(self.recipe, self.micro, self.device))
             return self.length
-        sampler = StepBatchSampler(
-            len(dataset),  # type: ignore[arg-type]
-            batch_size=cfg.batch_size,
-            accumulation=cfg.grad_accumulation,
-            rank=0,
-            world=self.gpus,
-            seed=cfg.seed,
-        )
-        options = cfg.loader_options(self.device.type)
-        loader = build_loader(dataset, sampler, options=options, seed=cfg.seed)
+        sampler, loader, options = training_loader(dataset, cfg, device_type=self.device.type, rank=0, world=self.gpus)
         self.data, self.note = "loader", f"the recipe's data through its training loader ({options.describe()})"
         self.iterator = _epochs(loader, dataset, sampler)
         return run_length(sampler.steps_per_epoch, epochs=cfg.epochs, max_steps=cfg.max_steps)
