@@ -41,6 +41,7 @@ from trainlab.engine.fsdp import fsdp_policy
 from trainlab.engine.precision import Precision
 from trainlab.engine.recipe import Recipe
 from trainlab.memory.breakdown import Breakdown
+from trainlab.user_files import shapes_only
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,8 @@ def _element_size(dtype: torch.dtype | None, weights: int) -> int:
 
 
 def recipe_layout(recipe: Recipe[Any]) -> dict[str, list[ShardUnit]]:
-    """The shard units of the recipe's trained models, built once on fake tensors (no memory, no weights read).
+    """The shard units of the recipe's trained models, built once on fake tensors inside `shapes_only` (no memory,
+    no weights file needed).
 
     The units are the recipe's `TrainParts.shard_units` (none named: the root only), as `--fsdp` shards them. Pure
     16-bit modes hold their floating parameters in that dtype."""

@@ -144,7 +144,8 @@ def overheads(
 class _Tracer:
     """Breakdowns of the recipe at a micro-batch, accumulation and precision: traced, or (for the configured precision
     and checkpointing, micro-batches from `FIT_FROM` on) read from the affine fit of `memory.batch_fit`, which is
-    traced once per accumulation at `FIT_POINTS` and checked against a third trace before it is used."""
+    traced once per accumulation at `FIT_POINTS` and checked against a third trace before it is used: one already
+    traced at that accumulation where there is one (the smallest micro-batch's, when it agrees), else `FIT_CHECK`."""
 
     FIT_POINTS = (4, 8)
     FIT_CHECK = 6
@@ -222,11 +223,15 @@ class _Tracer:
     def _fit(self, accumulation: int) -> FittedRun | None:
         if accumulation not in self.fits:
             low, high = (self._configured_run(m, accumulation) for m in self.FIT_POINTS)
-            others = [
-                m for (m, k) in self.runs if k == accumulation and m >= self.FIT_FROM and m not in self.FIT_POINTS
-            ]
-            check = self._configured_run(max(others) if others else self.FIT_CHECK, accumulation)
-            self.fits[accumulation] = fit_micro_batch(low, high, check)
+            others = [m for (m, k) in self.runs if k == accumulation and m not in self.FIT_POINTS]
+            larger = [m for m in others if m >= self.FIT_FROM]
+            fit = None
+            if not larger and others:  # a trace below `FIT_FROM` (the smallest micro-batch's) checks it when it can
+                fit = fit_micro_batch(low, high, self.runs[(max(others), accumulation)])
+            if fit is None:
+                check = self._configured_run(max(larger) if larger else self.FIT_CHECK, accumulation)
+                fit = fit_micro_batch(low, high, check)
+            self.fits[accumulation] = fit
             log.debug(
                 "micro-batch fit at accumulation %d: %s",
                 accumulation,
