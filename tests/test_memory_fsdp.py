@@ -20,7 +20,6 @@ from trainlab.memory.fsdp_memory import (
     fsdp_memory,
     gathered_working_set,
     model_units,
-    recipe_layout,
     shard_rows,
 )
 from trainlab.memory.gpus import gpu_profile
@@ -192,13 +191,3 @@ def test_fsdp_on_one_gpu_is_a_no_op_and_offload_needs_fsdp(capsys: pytest.Captur
     assert main([*toy, "--fsdp-cpu-offload"]) == 2
     err = capsys.readouterr().err
     assert "--fsdp-cpu-offload" in err and "add --fsdp" in err and len(err.strip().splitlines()) == 1
-
-
-def test_the_layout_needs_no_tokenizer_file() -> None:
-    """The official tokenizer named without its file: the layout is built for its shapes, as the trace is."""
-    base = debug_run_config(VARRecipe(VARRecipe.config_class()))
-    config = dataclasses.replace(
-        base, tokenizer_weights="", tokenizer_model="vqvae_official", vocab_size=4096, image_size=64
-    )
-    layout = recipe_layout(VARRecipe(config))
-    assert layout and all(units for units in layout.values())

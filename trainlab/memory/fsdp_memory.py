@@ -246,7 +246,6 @@ def recipe_layout(recipe: Recipe[Any]) -> dict[str, list[ShardUnit]]:
     The units are the recipe's `TrainParts.shard_units` (none named: the root only), as `--fsdp` shards them. Pure
     16-bit modes hold their floating parameters in that dtype."""
     from trainlab.memory.tracer import StorageTracer, tracing
-    from trainlab.user_files import shapes_only
 
     precision = Precision.parse(recipe.config.precision)
     with shapes_only(), tracing(StorageTracer()), torch.random.fork_rng(devices=[]), precision.default_dtype():
