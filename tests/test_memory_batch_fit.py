@@ -22,7 +22,11 @@ def _recipe(cls: type, **changes: object) -> object:
 
 @pytest.mark.parametrize(
     ("cls", "precision", "accumulation"),
-    [(VARRecipe, "fp16-amp-scale", 1), (VARRecipe, "fp32", 2), (CifarRecipe, "fp32", 2)],
+    [
+        (VARRecipe, "fp16-amp-scale", 1),
+        pytest.param(VARRecipe, "fp32", 2, marks=pytest.mark.slow),  # about 10 s; the fp16 case covers VAR
+        (CifarRecipe, "fp32", 2),
+    ],
 )
 def test_the_fit_is_the_trace_at_another_micro_batch(cls: type, precision: str, accumulation: int) -> None:
     recipe = _recipe(cls, batch_size=64, precision=precision)
@@ -46,6 +50,7 @@ def test_frees_that_happen_together_may_come_in_any_order() -> None:
     assert _canonical(events) == [(1, 0), (1, 1), (1, 2), (-1, 0), (-1, 2), (1, 3), (-1, 1)]
 
 
+@pytest.mark.slow  # about 9 s: MoCo traced at three micro-batches
 def test_a_quadratic_size_is_refused() -> None:
     """MoCo with micro-batch keys scores each micro-batch's queries against its own keys: (m, m) logits."""
     recipe = _recipe(MocoRecipe, batch_size=64, moco_keys="micro-batch")
