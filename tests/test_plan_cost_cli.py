@@ -95,3 +95,17 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], message: str, capsys: pyt
     assert main(["plan", *TOY, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_printed_data_command_runs_as_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command creates the store's folder, names the home folder `~` and quotes a path with a space."""
+    from trainlab.memory.run_cost import measure_data_command
+
+    monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path / "a cache"))
+    command = measure_data_command("toy", "--batch-size 8")
+    assert command == (
+        f"mkdir -p '{tmp_path}/a cache/bench_data' && trainlab bench data toy --batch-size 8 --json > "
+        f"'{tmp_path}/a cache/bench_data/toy.json'"
+    )
+    monkeypatch.setenv("TRAINLAB_CACHE", str(Path.home() / ".cache" / "trainlab"))
+    assert measure_data_command("toy").endswith("--json > ~/.cache/trainlab/bench_data/toy.json")

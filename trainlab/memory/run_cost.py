@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,16 @@ def data_rate_path(recipe: str) -> Path:
 def measure_data_command(recipe: str, config_flags: str = "") -> str:
     """The command that measures (and stores) the recipe's per-core data rate."""
     flags = f" {config_flags}" if config_flags else ""
-    return f"trainlab bench data {recipe}{flags} --json > {data_rate_path(recipe)}"
+    path = _shown_path(data_rate_path(recipe))
+    return (
+        f"mkdir -p {_shown_path(data_rate_path(recipe).parent)} && trainlab bench data {recipe}{flags} --json > {path}"
+    )
+
+
+def _shown_path(path: Path) -> str:
+    """`path` as a shell reads it, the home folder as `~` (the printed command works for whoever runs it)."""
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else shlex.quote(str(path))
 
 
 def stored_data_rate(recipe: str) -> DataRate | None:
