@@ -236,7 +236,7 @@ def fsdp_memory(
 
 
 def _element_size(dtype: torch.dtype | None, weights: int) -> int:
-    return weights if dtype is None else torch.empty((), dtype=dtype).element_size()
+    return weights if dtype is None else dtype.itemsize
 
 
 def recipe_layout(recipe: Recipe[Any]) -> dict[str, list[ShardUnit]]:
@@ -257,7 +257,7 @@ def recipe_layout(recipe: Recipe[Any]) -> dict[str, list[ShardUnit]]:
                 continue
             units = model_units(name, model, parts.shard_units.get(name, []))
             if precision.casts_weights:
-                size = torch.empty((), dtype=precision.param_dtype).element_size()
+                size = precision.param_dtype.itemsize
                 units = [dataclasses.replace(u, element_sizes=tuple(size for _ in u.element_sizes)) for u in units]
             layout[name] = units
     return layout

@@ -261,10 +261,11 @@ def measure_step(
         }
     flops = flops_per_step if flops_per_step is not None else counted
     assert flops is not None
+    compute = compute_name(precision)
     return Measurement(
         device=str(device),
         precision=precision.name,
-        compute=compute_name(precision),
+        compute=compute,
         global_batch=cfg.batch_size,
         micro_batch=micro,
         grad_accumulation=cfg.grad_accumulation,
@@ -274,7 +275,7 @@ def measure_step(
         step_seconds=seconds,
         flops_per_step=flops,
         flops_source=flops_source if flops_per_step is not None else COUNTED,
-        peak=device_peak(device, compute_name(precision)),
+        peak=device_peak(device, compute),
         memory=memory,
         data=source.data,
         data_note=source.note,
