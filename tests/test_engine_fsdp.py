@@ -1,6 +1,7 @@
 """`--fsdp` (engine/fsdp.py) in real gloo processes: a 2-process sharded run equals the 1-process run at the same
-global batch (per-step losses and final weights within 1e-5 relative), its checkpoints hold whole tensors and resume
-in 2 processes to the bit and in 1 process within float tolerance; in one process `--fsdp` changes nothing.
+global batch (per-step losses and final weights within 1e-5 relative), its checkpoints (a folder of every rank's
+shards: engine/sharded_checkpoint.py; also written in the background) resume in 2 processes to the bit and in 1 or 4
+processes within float tolerance; in one process `--fsdp` changes nothing.
 
 Weights are compared to 1e-5 of max(the tensor's largest magnitude, 1): AdamW's normalised update moves an entry with
 a near-zero gradient (a bias trained up from 0 to ~1e-4) by ~lr whatever the gradient's size, so the order of a
@@ -122,13 +123,16 @@ def test_toy_two_processes_sharded_equal_one_process_and_resume_in_one(
     tmp_path: Path, python: str, run_env: dict[str, str]
 ) -> None:
     """The toy model (root only) with accumulation 2 and clipping: 2 sharded processes equal 1 for 5 steps; their
-    checkpoint holds whole tensors and resumes in 1 process to the same end (12 steps)."""
+    checkpoint (each rank's shards in one folder, written in the background: --async-checkpoint) reads back whole and
+    resumes in 1 process to the same end (12 steps)."""
     one, two = tmp_path / "one", tmp_path / "two"
     _train(python, run_env, "toy", one, 1, **TOY)
-    log = _train(python, run_env, "toy", two, 2, **TOY, stop_at_step=5)
+    log = _train(python, run_env, "toy", two, 2, **TOY, async_checkpoint=True, stop_at_step=5)
     assert "fsdp: model sharded over 2 processes: as one unit" in log
     assert "parameters resharded after forward: yes; CPU offload: no" in log
     _assert_close(_losses(two), _losses(one)[:5])
+    folder = two / "ckpt" / torch.load(two / "ckpt" / "last.pt", weights_only=True)["shards"]
+    assert sorted(p.name for p in folder.glob("__*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert all(type(v) is torch.Tensor for v in _weights(two).values())
     _train(python, run_env, "toy", two, 1, **TOY)
     _assert_close(_losses(two), _losses(one))

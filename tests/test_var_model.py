@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.commands.sample import load_var_pair
+from trainlab.engine import sharded_checkpoint as sharded
+from trainlab.engine.checkpoint import CheckpointStore
 from trainlab.errors import UsageError
 from trainlab.losses.token_cross_entropy import token_cross_entropy
 from trainlab.models.var.blocks import AdaLNSelfAttn
@@ -315,6 +317,15 @@ def test_trainlab_run_checkpoints_are_unwrapped(debug_pair: tuple[Path, Path], t
     vqvae, var = load_var_pair(tmp_path / "tok_last.pt", tmp_path / "var_last.pt")
     assert torch.equal(var.head.weight, var_sd["head.weight"])
     assert torch.equal(vqvae.quant_conv.weight, vae_sd["quant_conv.weight"])
+    # a sharded run's checkpoint (--fsdp): the folder of shards, or its index file
+    store = CheckpointStore(tmp_path / "sharded")
+    folder = store.temp_folder(5)
+    store.prepare_temp_folder(folder)
+    tensors, index = sharded.split({**var_run, "version": 2})
+    sharded.write(tensors, folder, None)
+    final = store.commit_folder(folder, index, is_best=False)
+    for given in (final, store.last):
+        assert torch.equal(load_var_pair(tmp_path / "tok_last.pt", given)[1].head.weight, var_sd["head.weight"])
     with pytest.raises(UsageError, match="holding no model 'var' \\(models: discriminator, vqvae\\)"):
         load_var_pair(tmp_path / "tok_last.pt", tmp_path / "tok_last.pt")
     with pytest.raises(UsageError, match="not a plain state_dict"):  # the model loader alone reads official files

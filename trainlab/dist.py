@@ -50,6 +50,7 @@ LONG_WAIT_S = 1800.0  # waits on rank 0's own work (evaluation, checkpoint write
 STUCK_PROBE_S = 60.0  # after a timed-out collective: how long the ranks that are still alive wait for the others
 UNUSED_SHOWN = 8  # parameter names quoted in the one-line message
 _monitor: torch_dist.ProcessGroup | None = None  # the gloo side group (long timeout, monitored barriers)
+_background: torch_dist.ProcessGroup | None = None  # background checkpoint writes' own gloo group (made on first use)
 _timeout_s = LONG_WAIT_S
 
 
@@ -127,14 +128,33 @@ def cleanup(synchronize: bool = False) -> None:
     `synchronize=True` (after a run every rank finished) first waits for every rank, so no rank tears down its
     transport while another is still saving or in a collective; after a failure it is skipped (a barrier could hang).
     """
-    global _monitor
+    global _monitor, _background
     if not is_initialized():
         return
     if synchronize:
         barrier("the end of the run")
     gc.collect()  # release process-group references held by dropped DDP wrappers and pending work first
     torch_dist.destroy_process_group()
-    _monitor = None
+    _monitor = _background = None
+
+
+def side_group() -> torch_dist.ProcessGroup | None:
+    """The gloo side group (long timeout) for work that waits on files, e.g. a checkpoint's collectives; None in a
+    single process."""
+    return _monitor if is_initialized() else None
+
+
+def background_group() -> torch_dist.ProcessGroup | None:
+    """A gloo group of its own for collectives run by a background thread (a checkpoint written while training goes
+    on: they must not interleave with the main thread's on another group). Made on the first call, which must be
+    collective (every rank at the same point); None in a single process."""
+    global _background
+    if not is_initialized():
+        return None
+    if _background is None:
+        group = torch_dist.new_group(backend="gloo", timeout=timedelta(seconds=max(LONG_WAIT_S, _timeout_s)))
+        _background = group if isinstance(group, torch_dist.ProcessGroup) else None
+    return _background
 
 
 def raise_together(check: Callable[[], T]) -> T:

@@ -31,6 +31,10 @@ from torch._subclasses.fake_tensor import is_fake
 
 from trainlab.errors import UsageError, first_line
 
+SHARDED_INDEX = "trainlab.pt"
+"""The index file inside a sharded trainlab checkpoint's folder (`engine.sharded_checkpoint.INDEX`): such a folder is
+read through it."""
+
 _SHAPES_ONLY: ContextVar[bool] = ContextVar("shapes_only", default=False)
 
 
@@ -61,8 +65,9 @@ def load_user_file(path: str | os.PathLike[str], what: str, *, fix: str) -> Any:
     """Read a weights or checkpoint file on the CPU without running any code it may contain.
 
     Args:
-        path: a `torch.save` file (`weights_only=True`: tensors, numbers, strings and plain containers only) or a
-            `.safetensors` file (a dict of tensors).
+        path: a `torch.save` file (`weights_only=True`: tensors, numbers, strings and plain containers only), a
+            `.safetensors` file (a dict of tensors), or a sharded trainlab checkpoint's folder (its index is read;
+            the caller's unwrap reads the tensors: `engine.checkpoint.weights_in_checkpoint`).
         what: what the file is, for messages ("VAR checkpoint", "MoCo checkpoint").
         fix: what the user should do instead, ending the message ("pass the file main_moco.py saved").
 
@@ -74,6 +79,8 @@ def load_user_file(path: str | os.PathLike[str], what: str, *, fix: str) -> Any:
             holds arbitrary Python objects).
     """
     path = Path(path)
+    if path.is_dir() and (path / SHARDED_INDEX).is_file():  # a sharded trainlab checkpoint (`--fsdp`): its index
+        path = path / SHARDED_INDEX
     if path.is_dir():
         raise UsageError(f"{what} {path} is a directory, not a file; {fix}")
     if not path.is_file():

@@ -21,6 +21,11 @@ Atomic files: write a temp file, fsync, rename. `best` is a copy of `last`, not 
 A crash mid-write leaves the previous `last.pt` intact: the rename is the commit point. Everything a user hands
 in is read with `torch.load(weights_only=True)`, so checkpoints hold only tensors, containers and primitives.
 
+Under `--fsdp` each of `last.pt`, `best.pt`, `step_*.pt` is the index of a sharded checkpoint: the same format with
+the tensors of `models`, `averaged` and `optimizers` replaced by meta-device tensors of their shapes, and `shards`
+naming the folder (`step_<step>.dcp/`) every rank wrote its shards into (`engine.sharded_checkpoint`);
+`load_checkpoint` reads such a one whole, or as its index for the engine's resume.
+
 `CheckpointStore` keeps a run's `ckpt/` consistent after any crash: the last K saves stay as `step_*.pt` (hard
 links, so the newest costs no extra disk) and a corrupt `last.pt` falls back to them; temp files of killed saves
 are removed at start; a `best.pt` left behind by a kill between the two renames is repaired from `last.pt`; weights
@@ -43,6 +48,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from trainlab.config import upgrade_keys
+from trainlab.engine import sharded_checkpoint as sharded
 from trainlab.errors import TrainingStopped, UsageError
 
 log = logging.getLogger(__name__)
@@ -130,6 +136,9 @@ def weights_in_checkpoint(model: str, *, averaged: bool = True) -> Callable[[Any
     def unwrap(obj: Any, path: Path) -> Any:
         if not is_trainlab_checkpoint(obj):
             return obj
+        if sharded.is_sharded_index(obj):  # `--fsdp`: the weights are read whole from the checkpoint's folder
+            index = sharded.index_path(path)
+            obj = sharded.read_whole(obj, sharded.check_folder(obj, index), keys=("models", "averaged"))
         found = averaged_weights(obj, model) if averaged else None
         if found is not None:
             log.info("%s: reading the averaged weights %r of its model %r", path, found[0], model)
@@ -168,7 +177,7 @@ def _fsync_dir(directory: Path) -> None:
 def _bytes_of(obj: Any) -> int:
     """Bytes of the tensors in a (nested) checkpoint: about what `torch.save` must write."""
     if isinstance(obj, torch.Tensor):
-        return obj.untyped_storage().nbytes()
+        return 0 if obj.is_meta else obj.untyped_storage().nbytes()
     if isinstance(obj, dict):
         return sum(_bytes_of(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
@@ -262,12 +271,18 @@ def atomic_copy(src: Path, dst: Path) -> None:
         raise
 
 
-def load_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(path: Path, *, mmap: bool = False, whole: bool = True) -> dict[str, Any]:
     """Read a checkpoint safely (`weights_only=True`; `mmap`: tensors memory-mapped, for reading a few fields).
 
+    `path` is a checkpoint file, or a sharded checkpoint's folder (`--fsdp`: `engine.sharded_checkpoint`); a sharded
+    one comes back with its tensors read whole into host memory (`whole`), or as its index (meta-device tensors of
+    the saved shapes: the engine's resume reads the tensors into the live shards itself).
+
     Raises:
-        UsageError: missing or unreadable file, not a trainlab checkpoint, or one written by a newer trainlab.
+        UsageError: missing or unreadable file, not a trainlab checkpoint, or one written by a newer trainlab; a
+            sharded checkpoint whose folder is missing or unfinished.
     """
+    path = sharded.index_path(path)
     if not path.is_file():
         raise UsageError(f"checkpoint {path} not found; pass an existing file (e.g. runs/<name>/ckpt/last.pt)")
     try:
@@ -283,6 +298,9 @@ def load_checkpoint(path: Path, *, mmap: bool = False) -> dict[str, Any]:
             f"checkpoint {path} has format version {version}, this trainlab reads up to {FORMAT_VERSION}; update "
             "trainlab to resume it"
         )
+    if sharded.is_sharded_index(state):
+        folder = sharded.check_folder(state, path)
+        return sharded.read_whole(state, folder) if whole else dict(state)
     return dict(state)
 
 
@@ -327,8 +345,16 @@ def non_finite_weights(models: dict[str, nn.Module]) -> list[str]:
     return bad
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 class CheckpointStore:
-    """A run's `ckpt/`: `last.pt`, `best.pt` and the last `keep` saves as `step_<step>.pt`."""
+    """A run's `ckpt/`: `last.pt`, `best.pt` and the last `keep` saves as `step_<step>.pt`; under `--fsdp` each of
+    them is the index of a sharded checkpoint's folder `step_<step>.dcp/` (`engine.sharded_checkpoint`)."""
 
     def __init__(self, directory: Path, keep: int = 2) -> None:
         self.directory, self.keep = directory, keep
@@ -347,21 +373,30 @@ class CheckpointStore:
         return self.last.is_file() or bool(self.history())
 
     def clean_temp_files(self) -> int:
-        """Remove temp files of saves that were killed mid-write; returns how many."""
+        """Remove temp files and folders of saves that were killed mid-write, and sharded checkpoints' folders no
+        checkpoint file points at (a save killed between the folder's rename and the commit); returns how many."""
         stale = list(self.directory.glob(".*.tmp")) if self.directory.is_dir() else []
         for path in stale:
-            path.unlink(missing_ok=True)
-        if stale:
-            log.warning("removed %d temp file(s) of interrupted checkpoint writes in %s", len(stale), self.directory)
-        return len(stale)
+            _remove(path)
+        orphans = self._unreferenced_folders()
+        for path in orphans:
+            _remove(path)
+        if stale or orphans:
+            log.warning(
+                "removed %d temp file(s) or folder(s) of interrupted checkpoint writes in %s",
+                len(stale) + len(orphans),
+                self.directory,
+            )
+        return len(stale) + len(orphans)
 
     def clear(self) -> None:
         """Delete every checkpoint (--overwrite)."""
-        for path in [self.last, self.best, *self.history()]:
-            path.unlink(missing_ok=True)
+        for path in [self.last, self.best, *self.history(), *self._folders()]:
+            _remove(path)
 
     def save(self, state: dict[str, Any], *, is_best: bool) -> None:
-        """Write `last.pt` (the commit point), link it as `step_<step>.pt`, prune old steps, copy to `best.pt`."""
+        """Write `last.pt` (the commit point), link it as `step_<step>.pt`, prune old steps (and the folders of
+        sharded checkpoints no file points at any more), copy to `best.pt`."""
         atomic_save(state, self.last)
         if self.keep > 1:
             self._link(self.last, self.directory / f"step_{int(state['step']):09d}.pt")
@@ -369,6 +404,60 @@ class CheckpointStore:
                 old.unlink(missing_ok=True)
         if is_best:
             atomic_copy(self.last, self.best)
+        for unused in self._unreferenced_folders():
+            _remove(unused)
+
+    # ------------------------------------------------------------------- sharded checkpoints (--fsdp)
+    def temp_folder(self, step: int) -> Path:
+        """Where every rank writes a sharded checkpoint's shards before `commit_folder` (a fresh, empty folder: call
+        `prepare_temp_folder` on rank 0 first)."""
+        return self.directory / f".step_{step:09d}{sharded.SUFFIX}.tmp"
+
+    def prepare_temp_folder(self, folder: Path) -> None:
+        """Rank 0: an empty `folder` (what a failed write left there is removed)."""
+        _remove(folder)
+        try:
+            folder.mkdir(parents=True)
+        except OSError as err:
+            raise _write_error(folder, os.strerror(err.errno) if err.errno else str(err)) from None
+
+    def commit_folder(self, folder: Path, index: dict[str, Any], *, is_best: bool) -> Path:
+        """Rank 0, once every rank's shards are in `folder`: the index into the folder, the folder renamed to its
+        step's name, then `save` of the index pointing at it (the commit point). Returns the folder's new path."""
+        atomic_save({**index, sharded.SHARDS: "."}, folder / sharded.INDEX)
+        step = int(index["step"])
+        final = self.directory / f"step_{step:09d}{sharded.SUFFIX}"
+        repeat = 1
+        while final.exists():  # the same step saved again (before and after its evaluation): a new name
+            repeat += 1
+            final = self.directory / f"step_{step:09d}-{repeat}{sharded.SUFFIX}"
+        os.replace(folder, final)
+        _fsync_dir(self.directory)
+        self.save({**index, sharded.SHARDS: final.name}, is_best=is_best)
+        return final
+
+    def _folders(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return [path for path in self.directory.glob(f"step_*{sharded.SUFFIX}") if path.is_dir()]
+
+    def _unreferenced_folders(self) -> list[Path]:
+        """Sharded checkpoints' folders that no checkpoint file (last, best, kept steps) points at; none while a
+        checkpoint file cannot be read (the folder it pointed at may be the one to keep: it holds its own index)."""
+        folders = self._folders()
+        if not folders:
+            return []
+        used: set[str] = set()
+        for path in [self.last, self.best, *self.history()]:
+            if not path.is_file():
+                continue
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception:
+                return []
+            if isinstance(state, Mapping) and sharded.is_sharded_index(state):
+                used.add(str(state[sharded.SHARDS]))
+        return [path for path in folders if path.name not in used]
 
     def _link(self, src: Path, dst: Path) -> None:
         tmp = dst.with_name(f".{dst.name}.link.tmp")
@@ -380,7 +469,8 @@ class CheckpointStore:
         os.replace(tmp, dst)
 
     def load_latest(self, check: Callable[[dict[str, Any], Path], None] | None = None) -> tuple[dict[str, Any], Path]:
-        """The newest readable checkpoint: `last.pt`, else the kept saves newest first (with a warning). `check`
+        """The newest readable checkpoint (a sharded one as its index: `load_checkpoint(whole=False)`): `last.pt`,
+        else the kept saves newest first (with a warning). `check`
         (raising UsageError) tells a damaged one, which is skipped like an unreadable one.
 
         Raises:
@@ -389,7 +479,7 @@ class CheckpointStore:
         errors = []
         for path in self.candidates():
             try:
-                state = load_checkpoint(path)
+                state = load_checkpoint(path, whole=False)
                 if check is not None:
                     check(state, path)
             except UsageError as err:

@@ -11,9 +11,11 @@ along dim 0 alike, whatever the units).
 The engine guarantees hold as under DDP: gradient sync only on the last micro-step (`set_gradient_sync`), the
 gradient norm of the sharded gradients is the global one (DTensor), overflow skips are decided on every rank alike
 (`agree_on_overflow`). What rank 0 does alone (evaluation, exports) runs on whole copies (`Sharding.whole`: every
-rank gathers the shards, rank 0 rebuilds plain models from their meta-device templates). A checkpoint holds full
-tensors (`full_state` / `load_full_state`), so that it resumes on any number of processes, with or without `--fsdp`.
-In one process `--fsdp` shards nothing (logged).
+rank gathers the shards, rank 0 rebuilds plain models from their meta-device templates). Under `--fsdp` a checkpoint
+is a folder every rank writes its own shards into (`engine.sharded_checkpoint`, read back straight into the shards,
+resharded for another number of processes); a whole-tensor checkpoint (written without `--fsdp`) is sharded as it
+is loaded (`load_full_state`). Either resumes on any number of processes, with or without `--fsdp`. In one process
+`--fsdp` shards nothing (logged), and its checkpoints are folders all the same.
 
 Tensor names: `full` is the unsharded tensor, `local` this rank's shard.
 """
@@ -252,6 +254,8 @@ def full_state(state: Any, keep: bool = True) -> Any:
 def load_full_state(like: Any, full: Any) -> Any:
     """`full` (a checkpoint's whole tensors) sharded like `like` (the live state dict) wherever `like` holds a
     sharded tensor of the same shape; anything else as it is."""
+    if isinstance(full, DTensor):  # read from a sharded checkpoint straight into shards like `like`'s
+        return full
     if isinstance(like, DTensor) and isinstance(full, torch.Tensor) and tuple(full.shape) == tuple(like.shape):
         return distribute_tensor(
             full.to(like.device, like.dtype), like.device_mesh, like.placements, src_data_rank=None

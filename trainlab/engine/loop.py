@@ -11,7 +11,9 @@ The loop: one optimizer step is `engine.step.StepRunner.run`; the run's length i
 epoch end: `ckpt/last.pt`, evaluation (rank 0, every model in eval mode; under `--fsdp` on whole copies of the sharded
 models: `engine.fsdp.Sharding.whole`), `ckpt/last.pt` again and, when the
 recipe's best metric improved, `ckpt/best.pt`. SIGTERM / Ctrl-C finish the current step, save and return
-"interrupted"; `--max-steps` stops early with "max_steps".
+"interrupted"; `--max-steps` stops early with "max_steps". How a save reaches the disk (one whole file, or under
+`--fsdp` a folder of every rank's shards; in the step, or with `--async-checkpoint` in the background, waited for by
+the next save and by the end of `fit`) is `engine.checkpoint_writer`'s.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from trainlab import dist
 from trainlab.config import to_dict
 from trainlab.engine.assemble import Assembly, assemble
 from trainlab.engine.checkpoint import CheckpointStore, NonFiniteWeightsError, Progress, non_finite_weights
+from trainlab.engine.checkpoint_writer import CheckpointWriter
 from trainlab.engine.compile import check_compile_toolchain
 from trainlab.engine.data_wait import DataWaitClock
 from trainlab.engine.device import resolve_device
@@ -114,7 +117,9 @@ class Trainer:
         self.files = RunDir(self.run_dir)
         self.ckpt_dir = self.files.ckpt
         self.write_outputs = write_outputs and self.is_main
+        self._saves = write_outputs  # the same on every rank (a sharded checkpoint is written by all of them)
         self.store = CheckpointStore(self.ckpt_dir, keep=cfg.keep_checkpoints)
+        self.writer = CheckpointWriter(self.store, sharded=cfg.fsdp, background=cfg.async_checkpoint)
         self.progress = Progress()
         self._lock: RunDirLock | None = None
         self._claimed = False
@@ -275,17 +280,12 @@ class Trainer:
                 f"training diverged: at step {self.progress.step} {len(bad) or 'some'} weight / buffer tensor(s) hold "
                 f"NaN or inf (first: {first}); the last finite checkpoint is kept: lower the learning rate and resume"
             )
-        state = training_state(self.recipe, self.run, self.progress, self.dataset_size)
-
-        def write() -> None:
-            if self.write_outputs:
-                self.store.save(state, is_best=is_best)
-
-        # rank 0's write, waited for by the others in raise_together's gather (the side group's long timeout, not
-        # --dist-timeout); a full disk on rank 0 stops every rank with its one line
-        dist.raise_together(write)
-        if self.write_outputs:
-            log.info("saved %s (step %d%s)", self.store.last, self.progress.step, ", best" if is_best else "")
+        if not self._saves:
+            return
+        state = training_state(self.recipe, self.run, self.progress, self.dataset_size, whole=not self.writer.sharded)
+        # waited for by every rank (the side group's long timeout, not --dist-timeout); a full disk stops every rank
+        # with its one line
+        self.writer.write(state, is_best=is_best)
 
     def step_info(self) -> StepInfo:
         """The `StepInfo` of the next optimizer step."""
@@ -385,6 +385,7 @@ class Trainer:
                         samples_seen += epoch.samples
                     if self.progress.step_in_epoch == 0:  # an epoch just completed
                         evaluated = self._end_of_epoch(logger, stop) or evaluated
+            self.writer.wait()  # a checkpoint still being written in the background lands before fit returns
             if status != "interrupted" and length.reached_end(self.progress.step):
                 dist.raise_together(self._on_fit_end)  # rank 0 exports; a full disk stops every rank alike
             logger.log(
@@ -394,6 +395,7 @@ class Trainer:
                 self._summary(epoch_seconds, samples_seen, evaluated),
             )
         finally:  # on an exception nothing is saved: the last good checkpoint stays as it was
+            self.writer.close()  # (a background save already under way lands first)
             self._bar.close()
             logger.close()
         return FitResult(

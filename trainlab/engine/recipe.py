@@ -146,6 +146,11 @@ class TrainConfig:
     )
     eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)", ge=1)
     checkpoint_every: int = option(0, "also save ckpt/last.pt every N optimizer steps (0: at epoch ends only)", ge=0)
+    async_checkpoint: bool = option(
+        False,
+        "write checkpoints in a background thread (a copy in host memory first) while training goes on; the next "
+        "save waits for the previous one",
+    )
     keep_checkpoints: int = option(
         2, "keep the last K saves (ckpt/step_*.pt): a corrupt last.pt falls back to them", ge=1
     )
@@ -176,7 +181,8 @@ class TrainConfig:
     fsdp: bool = option(
         False,
         "under torchrun, shard each trained model's parameters, gradients and optimizer states over the processes "
-        "(FSDP2, block by block; one process: no-op); checkpoints stay whole and resume on any number of processes",
+        "(FSDP2, block by block; one process: no-op); each checkpoint is a folder every process writes its shards "
+        "into (torch.distributed.checkpoint), resumed on any number of processes",
     )
     fsdp_reshard_after_forward: bool = option(
         True, "--fsdp: free each block's gathered parameters after its forward (gathered again for backward)"

@@ -37,6 +37,7 @@ from torch import nn
 
 from trainlab import dist
 from trainlab.config import to_dict, upgrade_keys
+from trainlab.engine import sharded_checkpoint as sharded
 from trainlab.engine.assemble import Assembly
 from trainlab.engine.checkpoint import (
     FORMAT,
@@ -82,7 +83,8 @@ ENGINE_MAY_CHANGE = (
     "activation_checkpointing",  # the same losses and gradients, recomputed
     "compile",  # the same computation, float arithmetic reordered
     "ddp_find_unused_parameters",
-    "fsdp",  # a checkpoint holds whole tensors: it resumes sharded or not, on any number of processes
+    "fsdp",  # a checkpoint, whole file or sharded folder, resumes sharded or not, on any number of processes
+    "async_checkpoint",  # when the files are written, not what they hold
     "fsdp_reshard_after_forward",
     "fsdp_cpu_offload",
     "dist_timeout",  # how long the collectives wait, not what they compute
@@ -371,10 +373,13 @@ def plan_relaunch(
         check_structure(state, path)
 
     if resume != "auto" and resume != "never":
-        path = Path(resume)
+        path = sharded.index_path(Path(resume))
         if not path.is_file():
-            raise UsageError(f"checkpoint {path} not found; pass an existing file, or --resume auto")
-        state = load_checkpoint(path)
+            raise UsageError(
+                f"checkpoint {resume} not found; pass an existing file (or a sharded checkpoint's folder), or "
+                "--resume auto"
+            )
+        state = load_checkpoint(path, whole=False)
         _check_recipe(state, path, recipe_name)
         usable(state, path)
         return _resumable(state, path, config, fields)
@@ -420,27 +425,35 @@ def _check_run_dir_recipe(run_dir: Path, recipe_name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- state in / out
-def training_state(recipe: Recipe[Any], run: Assembly, progress: Progress, dataset_size: int) -> dict[str, Any]:
+def training_state(
+    recipe: Recipe[Any], run: Assembly, progress: Progress, dataset_size: int, *, whole: bool = True
+) -> dict[str, Any]:
     """Everything a resume needs, to the bit, in `engine.checkpoint`'s format (collective under DDP: every rank's
-    RNG state is gathered, so every rank takes part; under --fsdp the shards are gathered whole, `engine.fsdp`)."""
+    RNG state is gathered, so every rank takes part). `whole`: sharded tensors (--fsdp) gathered whole into rank 0's
+    host memory (`engine.fsdp.full_state`); else left as this rank's live shards, for a sharded checkpoint
+    (`engine.sharded_checkpoint`: every rank writes its own)."""
     per_rank_rng = dist.all_gather_object(rng_state())
     keep = dist.is_main()  # under --fsdp only rank 0, which writes, keeps the gathered tensors
+
+    def tensors(state: Any) -> Any:
+        return full_state(state, keep) if whole else state
+
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "recipe": recipe.name,
         "config": to_dict(recipe.config),
         "data": {"dataset_size": dataset_size, "steps_per_epoch": run.length.steps_per_epoch},
-        "models": {name: full_state(model.state_dict(), keep) for name, model in run.parts.models.items()},
+        "models": {name: tensors(model.state_dict()) for name, model in run.parts.models.items()},
         "averaged": {
             name: {
                 "follows": spec.follows,
                 "decay": spec.decay,
-                "weights": full_state(run.averaged[name].state_dict(), keep),
+                "weights": tensors(run.averaged[name].state_dict()),
             }
             for name, spec in run.parts.averaged.items()
         },
-        "optimizers": {phase.name: full_state(phase.optimizer.state_dict(), keep) for phase in run.parts.phases},
+        "optimizers": {phase.name: tensors(phase.optimizer.state_dict()) for phase in run.parts.phases},
         "scalers": {name: scaler.state_dict() for name, scaler in run.scalers.items()},
         "schedulers": {name: scheduler.state_dict() for name, scheduler in run.schedulers.items()},
         **progress.to_state(),
@@ -476,6 +489,8 @@ def restore(state: dict[str, Any], path: Path, recipe: Recipe[Any], run: Assembl
         batch_size=cfg.batch_size,
         phases=run.parts.phases,
     )
+    if sharded.is_sharded_index(state):  # the tensors are in its folder: read into the live (sharded) tensors
+        state = _read_shards(state, path, run)
     try:
         for name, model in run.parts.models.items():
             try:
@@ -522,6 +537,43 @@ def restore(state: dict[str, Any], path: Path, recipe: Recipe[Any], run: Assembl
             "from an earlier checkpoint (ckpt/step_*.pt) or start over with --overwrite"
         )
     return Restored(progress, rng)
+
+
+def _read_shards(state: dict[str, Any], path: Path, run: Assembly) -> dict[str, Any]:
+    """A sharded checkpoint's index with its tensors read from its folder (collective), each straight into the live
+    tensor it restores where there is one of the saved shape (this rank's shards under --fsdp; a resharded read when
+    the checkpoint was written by another number of processes), an optimizer's states into new tensors sharded like
+    their parameters."""
+    folder = sharded.check_folder(state, path)
+    saved_optimizers = state.get("optimizers", {})
+    live = {
+        "models": {name: model.state_dict() for name, model in run.parts.models.items()},
+        "averaged": {name: {"weights": model.state_dict()} for name, model in run.averaged.items()},
+        "optimizers": {
+            phase.name: _optimizer_targets(phase.optimizer, saved_optimizers.get(phase.name))
+            for phase in run.parts.phases
+        },
+    }
+    try:
+        return sharded.load_into(state, folder, live, dist.side_group())
+    except Exception as err:  # a folder that does not hold what its index says
+        raise UsageError(
+            f"checkpoint {path}: its folder {folder} could not be read ({first_line(err)[:160]}); resume from "
+            "another checkpoint (ckpt/step_*.pt) or start over with --overwrite"
+        ) from None
+
+
+def _optimizer_targets(optimizer: torch.optim.Optimizer, saved: Any) -> dict[str, Any]:
+    """Empty tensors like each parameter (sharded like it) for the saved states of the parameter's shape."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    entries = saved.get("state", {}) if isinstance(saved, Mapping) else {}
+    return {
+        "state": {
+            index: {key: torch.empty_like(params[index].detach()) for key in entry}
+            for index, entry in entries.items()
+            if isinstance(index, int) and index < len(params) and isinstance(entry, Mapping)
+        }
+    }
 
 
 def carry_out(plan: RelaunchPlan, store: CheckpointStore, files: RunDir) -> None:

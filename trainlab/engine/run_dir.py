@@ -6,7 +6,7 @@
     RUN_DIR/metrics.jsonl      one JSON object per line: "kind" (train | eval | summary | event), "step", "epoch",
                                metrics; non-finite floats as the strings "nan" / "inf" / "-inf"; a resumed run
                                appends (steps after the last checkpoint appear twice: the later row wins)
-    RUN_DIR/ckpt/              last.pt, best.pt, step_*.pt (`engine.checkpoint.CheckpointStore`)
+    RUN_DIR/ckpt/              last.pt, best.pt, step_*.pt (`engine.checkpoint.CheckpointStore`); --fsdp: + step_*.dcp/
     RUN_DIR/tb/                TensorBoard scalars
     RUN_DIR/wandb_run_id       the W&B run a resumed run continues
     RUN_DIR/.lock              held (flock) by the process training in it (`engine.run_lock`)

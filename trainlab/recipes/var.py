@@ -553,7 +553,7 @@ def export_run(run_dir: str | Path, checkpoint: str = "last") -> tuple[Path, Pat
 
     run_dir = Path(run_dir)
     path = RunDir(run_dir).ckpt / f"{checkpoint}.pt"
-    state = load_checkpoint(path)
+    state = load_checkpoint(path, whole=False)  # the weights are read by weights_in_checkpoint
     if state.get("recipe") != VARRecipe.name:
         raise UsageError(f"{run_dir} is a {state.get('recipe')!r} run, not a VAR run")
     cfg = from_dict(VARTrainConfig, stored_config(state, VARTrainConfig, where=f"checkpoint {path}") or {})
