@@ -7,7 +7,10 @@ The 2-process forms (resharding, async under torchrun, chaos) are in tests/test_
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +199,73 @@ def test_weight_readers_take_the_folder_or_its_index(tmp_path: Path) -> None:
         assert all(torch.equal(weights[k], expected[k]) and not weights[k].is_meta for k in expected)
     with pytest.raises(UsageError, match="is a directory, not a file"):
         load_user_file(tmp_path, "checkpoint", fix="pass a checkpoint")
+
+
+class _RunsCode:
+    """A pickle that runs code when loaded (here: creates a file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_folder_whose_metadata_runs_code_is_refused(tmp_path: Path) -> None:
+    """DCP reads `.metadata` with `pickle.load`: a hostile folder must not run code, and an entry declared as a
+    Python object (which DCP would `torch.load(weights_only=False)`) is refused."""
+    _fit(_config(tmp_path / "run", epochs=1))
+    ckpt = tmp_path / "run" / "ckpt"
+    folder = ckpt / torch.load(ckpt / "last.pt", weights_only=True)[sharded.SHARDS]
+    marker = tmp_path / "code-ran"
+    (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    for path in (ckpt / "last.pt", folder):
+        with pytest.raises(UsageError, match="is not part of a checkpoint's metadata") as excinfo:
+            load_checkpoint(path)
+        assert "\n" not in str(excinfo.value)
+    with pytest.raises(UsageError, match="is not part of a checkpoint's metadata"):
+        weights_in_checkpoint("model")(load_user_file(folder, "checkpoint", fix="pass a checkpoint"), folder)
+    with pytest.raises(UsageError, match=r"no readable checkpoint .*is not part of a checkpoint's metadata"):
+        _fit(_config(tmp_path / "run", epochs=2))
+    assert not marker.exists()
+
+
+def test_an_entry_stored_as_a_python_object_is_refused(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    folder = store.temp_folder(1)
+    store.prepare_temp_folder(folder)
+    state = {"format": "trainlab-checkpoint", "version": 2, "step": 1, "models": {"m": {"w": torch.ones(2)}}}
+    tensors, index = sharded.split(state)
+    tensors["models"]["m"]["w"] = {"not": "a tensor"}  # DCP stores a non-tensor value as pickled bytes
+    sharded.write(tensors, folder, None)
+    store.commit_folder(folder, index, is_best=False)
+    with pytest.raises(UsageError, match="stored as a Python object, not a tensor"):
+        load_checkpoint(store.last)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["in-step", "background"])
+def test_a_real_write_failure_of_the_shards_is_one_line(tmp_path: Path, background: bool) -> None:
+    """A file-size limit makes the kernel fail DCP's write (EFBIG), as a full disk does: one line, the previous
+    checkpoint intact."""
+    code = (
+        "import resource, signal, sys, torch; from pathlib import Path\n"
+        "from trainlab.engine.checkpoint import CheckpointStore\n"
+        "from trainlab.engine.checkpoint_writer import CheckpointWriter\n"
+        "from trainlab.errors import UsageError\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "writer = CheckpointWriter(CheckpointStore(Path(sys.argv[1])), sharded=True, background=sys.argv[2] == '1')\n"
+        "def state(step, n):\n"
+        "    weights = {'m': {'w': torch.ones(n)}}\n"
+        "    return {'format': 'trainlab-checkpoint', 'version': 2, 'step': step, 'models': weights}\n"
+        "writer.write(state(1, 4), is_best=False); writer.wait()\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"
+        "try:\n    writer.write(state(2, 100_000), is_best=False); writer.wait()\n"
+        "except UsageError as err:\n    print(err)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), "1" if background else "0"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "File too large); the previous checkpoint is intact" in out.stdout, out.stdout + out.stderr[-2000:]
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state["step"] == 1 and torch.equal(state["models"]["m"]["w"], torch.ones(4))

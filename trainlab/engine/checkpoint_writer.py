@@ -126,8 +126,9 @@ def _translated(work: Callable[[], Any], folder: Any, needed: int) -> Any:
     """`work` (a sharded write), its failure for want of disk space or permission as the one-line `UsageError`."""
     try:
         return work()
-    except Exception as err:
-        reason = write_failure(err, folder.parent, needed)
+    except sharded.READ_ERRORS as err:
+        failure = sharded.failure_of(err)
+        reason = write_failure(failure, folder.parent, needed) if isinstance(failure, Exception) else None
         if reason is None:
             raise
         raise UsageError(

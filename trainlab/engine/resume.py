@@ -556,9 +556,9 @@ def _read_shards(state: dict[str, Any], path: Path, run: Assembly) -> dict[str, 
     }
     try:
         return sharded.load_into(state, folder, live, dist.side_group())
-    except Exception as err:  # a folder that does not hold what its index says
+    except sharded.READ_ERRORS as err:  # a folder that does not hold what its index says
         raise UsageError(
-            f"checkpoint {path}: its folder {folder} could not be read ({first_line(err)[:160]}); resume from "
+            f"checkpoint {path}: its folder {folder} could not be read ({sharded.reason(err)}); resume from "
             "another checkpoint (ckpt/step_*.pt) or start over with --overwrite"
         ) from None
 

@@ -25,6 +25,7 @@ the lowest rank holding it: rank 0's, as in a whole-tensor checkpoint.
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -35,7 +36,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed import ProcessGroup
 from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
 from trainlab.errors import UsageError
@@ -48,6 +50,61 @@ INDEX = SHARDED_INDEX
 SHARDED_KEYS = ("models", "averaged", "optimizers")
 """The checkpoint entries whose tensors live in the folder (the rest, small, stays in the index)."""
 SUFFIX = ".dcp"
+
+_METADATA_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+"""What DCP's `.metadata` pickle of tensors names (torch 2.x): nothing else is unpickled."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_CLASSES or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata, refused")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader without running code from the folder: DCP unpickles `.metadata` with `pickle.load` and
+    would `torch.load(weights_only=False)` any entry it declares as Python bytes. Here `.metadata` may name only
+    the metadata classes of a folder of tensors (`_METADATA_CLASSES`), and every entry must be a tensor; the tensors
+    themselves DCP reads with `torch.load(weights_only=True)`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = _MetadataUnpickler(stream).load()
+        if not isinstance(metadata, Metadata):
+            raise ValueError(f".metadata holds a {type(metadata).__name__}, not DCP's Metadata")
+        entries = metadata.state_dict_metadata.items()
+        other = [key for key, entry in entries if not isinstance(entry, TensorStorageMetadata)]
+        if other:
+            raise ValueError(f"{other[0]} is stored as a Python object, not a tensor: refused (loading it runs code)")
+        storage = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage.load_id = self.load_id
+        metadata.storage_meta = storage
+        return metadata
 
 
 def split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -108,7 +165,33 @@ def check_folder(state: Mapping[str, Any], path: Path) -> Path:
             f"checkpoint {path} keeps its tensors in {folder}, which is missing or unfinished (no .metadata); resume "
             "from another checkpoint (ckpt/step_*.pt) or start over with --overwrite"
         )
+    try:
+        SafeReader(folder).read_metadata()
+    except Exception as err:
+        raise UsageError(
+            f"checkpoint {path}: its folder's {folder / '.metadata'} cannot be read ({reason(err)}); pass a checkpoint "
+            "trainlab wrote"
+        ) from None
     return folder
+
+
+READ_ERRORS = (Exception, CheckpointException)
+"""What a DCP read or write raises (DCP's own exception derives from BaseException): catch these."""
+
+
+def failure_of(err: BaseException) -> BaseException:
+    """The exception behind a DCP failure (a `CheckpointException` wraps each rank's), else `err` itself."""
+    if isinstance(err, CheckpointException) and err.failures:
+        inner = next(iter(err.failures.values()))
+        return inner[0] if isinstance(inner, tuple) else inner
+    return err
+
+
+def reason(err: BaseException) -> str:
+    """One line saying why a DCP read or write failed."""
+    inner = failure_of(err)
+    lines = [line for line in str(inner).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(inner).__name__)[:200]
 
 
 # DCP warns on every call made without a process group; in one process that is what is meant (and said in the log)
@@ -192,7 +275,7 @@ def load_into(
     if targets:
         dcp.load(
             targets,
-            storage_reader=FileSystemReader(folder),
+            storage_reader=SafeReader(folder),
             process_group=group,
             no_dist=_single(group),
         )
@@ -211,21 +294,12 @@ def read_whole(index: Mapping[str, Any], folder: Path, keys: tuple[str, ...] = S
     targets = {key: value for key, value in targets.items() if value}
     try:
         if targets:
-            dcp.load(targets, storage_reader=FileSystemReader(folder), no_dist=True)
-    except Exception as err:
-        first = (str(err).splitlines() or ["unreadable"])[0][:200]
-        raise UsageError(f"cannot read the checkpoint folder {folder} ({first}); pass a finished checkpoint") from None
+            dcp.load(targets, storage_reader=SafeReader(folder), no_dist=True)
+    except READ_ERRORS as err:
+        raise UsageError(
+            f"cannot read the checkpoint folder {folder} ({reason(err)}); pass a finished checkpoint"
+        ) from None
     return {**index, **{key: _merge(wanted[key], targets.get(key, {})) for key in wanted}}
-
-
-def stored_shapes(folder: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """Each tensor's flattened key, global shape and dtype as the folder's `.metadata` records them."""
-    metadata = FileSystemReader(folder).read_metadata()
-    return {
-        key: (entry.size, entry.properties.dtype)
-        for key, entry in metadata.state_dict_metadata.items()
-        if isinstance(entry, TensorStorageMetadata)
-    }
 
 
 def local_bytes(tensors: Any) -> int:
