@@ -69,8 +69,10 @@ def test_the_engine_loader_gets_the_options(tmp_path: Path, caplog: pytest.LogCa
     assert trainer.loader.persistent_workers
     assert trainer.loader.prefetch_factor == 3
     assert not trainer.loader.pin_memory  # the CPU
+    trainer.close()
     off = Trainer(MocoRecipe(_config(tmp_path / "off", num_workers=2, persistent_workers="off")))
     assert not off.loader.persistent_workers
+    off.close()
 
 
 def test_persistent_workers_see_every_epoch_and_resume(tmp_path: Path) -> None:

@@ -258,6 +258,11 @@ class Trainer:
         self._lock.acquire()
         self.store.clean_temp_files()
 
+    def close(self) -> None:
+        """Release the run directory of a Trainer that will not `fit` (one built to inspect its parts): `fit`
+        releases it itself when it returns."""
+        self._release_run_dir()
+
     def _release_run_dir(self) -> None:
         self._claimed = False
         if self._lock is not None:
