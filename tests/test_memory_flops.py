@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from trainlab.errors import UsageError
-from trainlab.memory.flops import StepFlops, count_step_flops, estimate_step_seconds, recipe_family
+from trainlab.memory.flops import StepFlops, count_step_flops, estimate_step_seconds
 from trainlab.memory.gpus import GPU_PROFILES, gpu_profile
 from trainlab.recipes.toy import ToyRecipe
 
@@ -57,9 +57,19 @@ def test_recipe_families() -> None:
     from trainlab.recipes.moco import MocoConfig, MocoRecipe
     from trainlab.recipes.var import VARRecipe
 
-    assert recipe_family(VARRecipe(VARRecipe.config_class())) == "transformer"
-    assert recipe_family(MocoRecipe(MocoConfig(model="moco_vit_small"))) == "small-transformer"
-    assert recipe_family(MocoRecipe(MocoConfig(model="moco_vit_base"))) == "transformer"
-    assert recipe_family(MocoRecipe(MocoConfig(model="tv_resnet50"))) == "convnet"
-    assert recipe_family(CifarRecipe(CifarRecipe.config_class())) == "small-convnet"
-    assert recipe_family(ToyRecipe(ToyRecipe.config_class())) == "small-convnet"
+    assert VARRecipe(VARRecipe.config_class()).model_family() == "transformer"
+    assert MocoRecipe(MocoConfig(model="moco_vit_small")).model_family() == "small-transformer"
+    assert MocoRecipe(MocoConfig(model="moco_vit_base")).model_family() == "transformer"
+    assert MocoRecipe(MocoConfig(model="tv_resnet50")).model_family() == "convnet"
+    assert CifarRecipe(CifarRecipe.config_class()).model_family() == "small-convnet"
+    assert ToyRecipe(ToyRecipe.config_class()).model_family() == "small-convnet"
+
+
+def test_every_family_has_an_assumed_efficiency_and_every_backbone_a_family() -> None:
+    from typing import get_args
+
+    from trainlab.memory.efficiency import ASSUMED
+    from trainlab.models.names import MOCO_BACKBONE_FAMILY, MOCO_BACKBONES, ModelFamily
+
+    assert set(get_args(ModelFamily)) == set(ASSUMED)
+    assert set(MOCO_BACKBONE_FAMILY) == set(MOCO_BACKBONES)

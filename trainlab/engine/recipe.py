@@ -63,6 +63,7 @@ from trainlab.engine.precision_names import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.models.grad_checkpoint import set_grad_checkpointing
+from trainlab.models.names import ModelFamily
 from trainlab.optim.config import OptimConfig
 
 Batch = dict[str, torch.Tensor]
@@ -452,6 +453,11 @@ class Recipe(ABC, Generic[ConfigT]):
 
     def on_fit_end(self, models: Mapping[str, nn.Module]) -> None:
         """Training reached its last step (not called on an interruption; rank 0 only): export weights here."""
+
+    def model_family(self) -> ModelFamily:
+        """How well the trained model fills a GPU: the family whose efficiency (`memory.efficiency`) the planner
+        assumes until one is measured. Default: a small convnet (CIFAR-size, toy)."""
+        return "small-convnet"
 
     @abstractmethod
     def debug_config(self) -> ConfigT:

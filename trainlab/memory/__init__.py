@@ -8,7 +8,7 @@
     planner.py     the largest micro-batch that fits, accumulation, GPUs needed, levers, the --gpu all table
     batch_fit.py   a trace at any micro-batch from two traces (bytes affine in the micro-batch), checked by a third
     flop_counter.py  FLOPs and bytes of the traced step (forward, backward, optimizer) over the tracer's dispatch
-    flops.py       count_step_flops, recipe_family, estimate_step_seconds (FLOPs / (peak x efficiency))
+    flops.py       count_step_flops, estimate_step_seconds (FLOPs / (peak x efficiency))
     run_cost.py    step time, run time, GPU-hours, cost, data-pipeline cores of a planned run
     efficiency.py  the assumed MFU per recipe family and the store of measured ones
     hand_formula.py  the seed's hand estimate, for comparison

@@ -1,7 +1,6 @@
 """FLOPs of a recipe's training step and the step time they predict on a GPU.
 
     count_step_flops(recipe, ...)   trace one optimizer step on fake tensors and count its FLOPs (`flop_counter`)
-    recipe_family(recipe)           the key of `efficiency.ASSUMED` whose MFU applies to the recipe's model
     compute_name(precision)         the compute dtype a precision mode's matrix products run in (fp32, bf16, fp16)
     estimate_step_seconds(...)      FLOPs / (peak x efficiency), floored by bytes moved / bandwidth
 
@@ -23,7 +22,7 @@ from trainlab.memory.gpus import GpuProfile
 if TYPE_CHECKING:
     from trainlab.memory.trace import PlanDevice
 
-__all__ = ["StepFlops", "compute_name", "count_step_flops", "estimate_step_seconds", "recipe_family"]
+__all__ = ["StepFlops", "compute_name", "count_step_flops", "estimate_step_seconds"]
 
 
 def count_step_flops(
@@ -52,26 +51,6 @@ def count_step_flops(
     run = trace_training(recipe, device=device, micro_batch=micro, grad_accumulation=accumulation, count_flops=True)
     assert run.flops is not None
     return run.flops
-
-
-_SMALL_VITS = ("moco_vit_small", "moco_vit_conv_small", "moco_vit_debug")
-_LARGE_VITS = ("moco_vit_base", "moco_vit_conv_base")
-
-
-def recipe_family(recipe: Recipe[Any]) -> str:
-    """The `efficiency.ASSUMED` key for the recipe's model: VAR and ViT-B+ `transformer`, ViT-S and debug ViTs
-    `small-transformer`, ResNet-50 and the VQ tokenizer `convnet`, CIFAR-size ResNets / VGGs and toy
-    `small-convnet`."""
-    model = str(getattr(recipe.config, "model", ""))
-    if recipe.name == "var":
-        return "transformer"
-    if model in _SMALL_VITS:
-        return "small-transformer"
-    if model in _LARGE_VITS:
-        return "transformer"
-    if model == "tv_resnet50" or recipe.name == "tokenizer":
-        return "convnet"
-    return "small-convnet"  # cifar, toy, CIFAR-size and debug ResNets
 
 
 def compute_name(precision: str) -> str:

@@ -27,7 +27,7 @@ from trainlab.errors import UsageError
 from trainlab.memory.batch_fit import FittedRun, fit_micro_batch
 from trainlab.memory.breakdown import Breakdown, breakdown
 from trainlab.memory.flop_counter import StepFlops
-from trainlab.memory.flops import compute_name, recipe_family
+from trainlab.memory.flops import compute_name
 from trainlab.memory.fsdp_memory import FsdpMemory, FsdpPlanner, FsdpSettings
 from trainlab.memory.gpus import GpuProfile
 from trainlab.memory.log_once import each_message_once
@@ -101,7 +101,7 @@ class Plan:
     compiled: bool = False
     fsdp: FsdpMemory | None = None  # --fsdp over several GPUs: one rank's sharded states and gathered working set
     flops: StepFlops | None = None  # one process's optimizer step of the configured run
-    family: str = ""  # the efficiency family (`flops.recipe_family`)
+    family: str = ""  # the efficiency family (`Recipe.model_family`)
     compute: str = ""  # the compute dtype of the matrix products (`flops.compute_name`)
     dataset_size: int | None = None
     data_rate: DataRate | None = None
@@ -287,7 +287,7 @@ def _plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
         activation_checkpointing=cfg.activation_checkpointing,
         compiled=cfg.compile,
         flops=tracer.flops[(micro, cfg.grad_accumulation)],
-        family=recipe_family(recipe),
+        family=recipe.model_family(),
         compute=compute_name(cfg.precision),
         dataset_size=request.dataset_size if request.dataset_size is not None else known_dataset_size(cfg),
         data_rate=stored_data_rate(recipe.name),

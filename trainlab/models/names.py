@@ -47,6 +47,21 @@ FORMER_MOCO_BACKBONES: dict[str, str] = {
     "vit_debug": "moco_vit_debug",
 }
 
+ModelFamily = Literal["transformer", "small-transformer", "convnet", "small-convnet"]
+"""How well a model fills a GPU, for the planner's assumed efficiency (`memory.efficiency.ASSUMED`): large
+transformer blocks, small ones, ImageNet-size convnets, CIFAR-size (and toy / debug) convnets."""
+MOCO_BACKBONE_FAMILY: dict[str, ModelFamily] = {
+    "tv_resnet50": "convnet",
+    "tv_resnet18_cifar": "small-convnet",
+    "tv_resnet_debug": "small-convnet",
+    "moco_vit_small": "small-transformer",
+    "moco_vit_base": "transformer",
+    "moco_vit_conv_small": "small-transformer",
+    "moco_vit_conv_base": "transformer",
+    "moco_vit_debug": "small-transformer",
+}
+"""The family of each MoCo backbone (every name of `MOCO_BACKBONES`)."""
+
 VQVAEName = Literal["vqvae_official", "vqvae_digits", "vqvae_debug"]
 """VAR's multi-scale VQVAE architectures (the tokenizer recipe's `--model`, VAR's `--tokenizer-model`)."""
 VQVAE_NAMES: tuple[str, ...] = get_args(VQVAEName)

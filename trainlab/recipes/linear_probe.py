@@ -62,7 +62,7 @@ from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.models.backbones.vit import check_vit_image_size
 from trainlab.models.moco import MoCo, build_moco, infer_arch, read_moco_state
-from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MOCO_BACKBONE_FAMILY, MocoBackbone, ModelFamily
 from trainlab.optim.config import OptimConfig
 
 log = logging.getLogger(__name__)
@@ -362,6 +362,9 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
                 logits = classifier(backbone(batch["image"].to(device)).to(dtype))
                 correct += int((logits.argmax(-1).cpu() == batch["label"]).sum())
         return {"test_accuracy": correct / total}
+
+    def model_family(self) -> ModelFamily:
+        return MOCO_BACKBONE_FAMILY[self.config.model]  # the frozen backbone's forward is most of the step
 
     def debug_config(self) -> LinearProbeConfig:
         return dataclasses.replace(

@@ -57,7 +57,7 @@ from trainlab.evaluate.features import extract_features
 from trainlab.evaluate.knn import knn_accuracy
 from trainlab.models.backbones.vit import check_vit_image_size
 from trainlab.models.moco import MoCo, is_vit, official_checkpoint
-from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
+from trainlab.models.names import FORMER_MOCO_BACKBONES, MOCO_BACKBONE_FAMILY, MocoBackbone, ModelFamily
 from trainlab.optim.config import OptimConfig
 from trainlab.optim.momentum import cosine_momentum
 
@@ -360,6 +360,9 @@ class MocoRecipe(Recipe[MocoConfig]):
         state = official_checkpoint(model, epoch=self.config.epochs)
         state["state_dict"] = {k: v.detach().cpu() for k, v in state["state_dict"].items()}
         torch.save(state, self.config.run_dir / "checkpoint_official.pth.tar")
+
+    def model_family(self) -> ModelFamily:
+        return MOCO_BACKBONE_FAMILY[self.config.model]
 
     def debug_config(self) -> MocoConfig:
         return dataclasses.replace(

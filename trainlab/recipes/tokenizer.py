@@ -56,7 +56,7 @@ from trainlab.evaluate.psnr import psnr
 from trainlab.losses.gan import GanLossKind, adaptive_gan_weight, discriminator_loss, generator_loss
 from trainlab.losses.perceptual import PerceptualLoss, load_perceptual_loss
 from trainlab.models.discriminator import NormKind, PatchDiscriminator
-from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAEName
+from trainlab.models.names import FORMER_VQVAE_NAMES, ModelFamily, VQVAEName
 from trainlab.models.var.codebook import (
     DeadCodeTracker,
     EMACodebook,
@@ -537,6 +537,9 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             self.ema.load_state_dict(state["ema"])
         if self.dead_codes is not None and state.get("dead_codes") is not None:
             self.dead_codes.load_state_dict(state["dead_codes"])
+
+    def model_family(self) -> ModelFamily:
+        return "convnet"
 
     def debug_config(self) -> TokenizerConfig:
         """Debug VQVAE (16 px, V=64, 4 scales) on 24 fake images, batch 4: 6 steps (the check resumes at step 3);

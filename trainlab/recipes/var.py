@@ -84,7 +84,7 @@ from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, 
 from trainlab.engine.schedule import ScheduleConfig
 from trainlab.errors import UsageError
 from trainlab.losses.token_cross_entropy import TokenMetricTotals, token_cross_entropy, token_metrics
-from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAEName
+from trainlab.models.names import FORMER_VQVAE_NAMES, ModelFamily, VQVAEName
 from trainlab.models.var.convert import export_var, load_official_into_, load_tokenizer
 from trainlab.models.var.scales import scale_slices, sequence_length
 from trainlab.models.var.transformer import PATCH_NUMS_256, VAR, VARConfig
@@ -507,6 +507,9 @@ class VARRecipe(Recipe[VARTrainConfig]):
                 f"the checkpoint was trained with other tokenizer weights (sha256 {saved[:12]}..., this run "
                 f"{self.tokenizer_hash[:12]}...); pass the same --tokenizer-weights to resume"
             )
+
+    def model_family(self) -> ModelFamily:
+        return "transformer"
 
     def debug_config(self) -> VARTrainConfig:
         c = self.config
