@@ -119,7 +119,13 @@ def real_run(recipe: str, config: Path, run_dir: Path) -> dict[str, Any]:
     _stamps.clear()
     _counted_seconds.clear()
     argv = ["train", recipe, "--config", str(config), "--run-dir", str(run_dir)]
-    if trainlab_main(argv) != 0:
+    recount = throughput.RECOUNT_STEPS
+    throughput.RECOUNT_STEPS = 1  # count each epoch's first step (outside the steady state) to time counting
+    try:
+        code = trainlab_main(argv)
+    finally:
+        throughput.RECOUNT_STEPS = recount  # --measure's loop counts as training does: its first step only
+    if code != 0:
         raise SystemExit(f"trainlab {' '.join(argv)} failed")
     stamps = list(_stamps)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -190,7 +196,6 @@ def main() -> None:
         time.perf_counter = time.thread_time  # the loop's, --measure's, the data-wait clock's and this file's
     RunProgress.update = _timed_update  # type: ignore[method-assign]
     throughput.count_flops = _timed_count
-    throughput.RECOUNT_STEPS = 1  # count each epoch's first step (excluded from the steady state) to time counting
 
     cases: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-plan-measure-") as folder:
