@@ -10,18 +10,22 @@ workers), the cost of the step without the contention.
 
 Cases: each recipe's debug variant (`engine.debug.debug_run_config`, the golden runs' configs): toy, CIFAR VGG
 (`cifar_vgg_debug`), VAR debug and MoCo ViT debug, on the CPU, `--epochs` epochs, `--num-workers 0`, no TensorBoard,
-no progress bar. Both commands are the real ones (`trainlab.cli.main`), given the same config file:
+no progress bar; and, when named, the control `toy_long_epochs`: toy's step in epochs of 64 steps instead of 8 (the
+training run's epoch ends, with their checkpoint writes and evaluation, slow the steps after them: with 8-step epochs
+every steady step follows one). Both commands are the real ones (`trainlab.cli.main`), given the same config file:
 - train: each optimizer step's wall time is the time between two consecutive calls of the run's progress display
   (`RunProgress.update`, once per step, after the step and its logging); steady state = the median over the steps
   of the second and later epochs, without each epoch's first step (it also holds the previous epoch's evaluation and
   checkpoints, and the FLOP count: `engine/throughput.py`);
-- plan --measure: `measured_step_seconds` of `--json` (3 warm-up steps, then `--steps` timed ones, median) and
-  `projected_step_seconds`. Every case's data is on this machine, so `--measure` draws its batches through the
-  recipe's training loader (`measured_data`: "loader") and the projection is the measured step itself;
+- plan --measure: `measured_step_seconds` of `--json` (the Trainer's loop: 3 warm-up steps, then `--steps` timed
+  ones, each from the previous step's end or its epoch's start to its end; median) and `projected_step_seconds`.
+  Every case's data is on this machine, so `--measure` draws its batches through the recipe's training loader
+  (`measured_data`: "loader") and the projection is the measured step itself;
   `--synthetic` makes the recipe's data look absent (its `build_data` raises, as for a missing folder): synthetic
   batches, and the projection adds the data pipeline's time per step at the per-core rate
   `trainlab bench data RECIPE --json` measured first (stored in a temporary `$TRAINLAB_CACHE`).
-Reported per case: the median over rounds of both, projected / real - 1 (the target: within 10 %), the real run's
+Reported per case: the median over rounds of both, projected / real - 1 (the target: within 10 %), "paired" (the
+median over rounds of each round's projected / real - 1, the two runs of a round neighbours in time), the real run's
 `data_wait_fraction` (the share of its time spent fetching batches in this process) and --measure's (the median time
 inside the loader over the median step; synthetic batches: none). Also the cost of the training FLOP count: the counted
 step's time (inside `count_flops`) over the median uncounted step (the bench counts each epoch's first step, outside
@@ -57,13 +61,18 @@ from trainlab.errors import UsageError
 from trainlab.memory.run_cost import data_rate_path
 from trainlab.recipes import get_recipe
 
-# case -> (recipe, model of the full-size config whose debug variant runs: '' keeps the recipe's default)
-CASES: dict[str, tuple[str, str]] = {
-    "toy": ("toy", ""),
-    "cifar_vgg_debug": ("cifar", "cifar_vgg19"),
-    "var_debug": ("var", ""),
-    "moco_vit_debug": ("moco", "moco_vit_small"),
+# case -> (recipe, model of the full-size config whose debug variant runs: '' keeps the recipe's default, fields set
+# on the debug config)
+CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "toy": ("toy", "", {}),
+    "cifar_vgg_debug": ("cifar", "cifar_vgg19", {}),
+    "var_debug": ("var", "", {}),
+    "moco_vit_debug": ("moco", "moco_vit_small", {}),
+    # the control: toy's step (same model, batch and data) in epochs of 64 steps instead of 8, so that most of the
+    # training run's steady steps are far from an epoch's end (its checkpoint writes and evaluation)
+    "toy_long_epochs": ("toy", "", {"num_samples": 1024}),
 }
+DEFAULT_CASES = ["toy", "cifar_vgg_debug", "var_debug", "moco_vit_debug"]
 
 _update = RunProgress.update
 _stamps: list[tuple[int, float]] = []
@@ -86,14 +95,21 @@ def _timed_count(run: Any) -> Any:
 
 def write_config(case: str, epochs: int, folder: Path) -> Path:
     """The case's debug config (run for `epochs` epochs on the CPU, data read in this process) as a YAML file."""
-    recipe_name, model = CASES[case]
+    recipe_name, model, fields = CASES[case]
     recipe_cls = get_recipe(recipe_name)
     full = recipe_cls.config_class()
     if model:
         full = dataclasses.replace(full, model=model)  # type: ignore[call-arg]
     config = debug_run_config(recipe_cls(full))
     config = dataclasses.replace(
-        config, epochs=epochs, device="cpu", num_workers=0, tensorboard=False, progress=False, log_every=100_000
+        config,
+        epochs=epochs,
+        device="cpu",
+        num_workers=0,
+        tensorboard=False,
+        progress=False,
+        log_every=100_000,
+        **fields,
     )
     path = folder / f"{case}.yaml"
     path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
@@ -177,7 +193,7 @@ def measured_wait(x: dict[str, Any]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--recipes", nargs="+", default=DEFAULT_CASES, choices=list(CASES), help="cases")
     parser.add_argument("--epochs", type=int, default=4, help="epochs of the real run (the first is not counted)")
     parser.add_argument("--steps", type=int, default=20, help="plan --measure --steps")
     parser.add_argument("--data-seconds", type=float, default=3.0, help="trainlab bench data --seconds per case")
@@ -229,6 +245,9 @@ def main() -> None:
                 "projected_step_seconds": projected_s,
                 "projected_over_real_minus_1": projected_s / real_s - 1,
                 "projected_within_10_percent": abs(projected_s / real_s - 1) <= 0.10,
+                "paired_projected_over_real_minus_1": statistics.median(
+                    m["projected_step_seconds"] / x["steady_step_seconds"] - 1 for m, x in zip(measured, real)
+                ),
                 "real_step_seconds": real_s,
                 "real_step_seconds_without_data_wait": real_s * (1 - wait),
                 "measured_step_seconds": measured_s,
@@ -242,13 +261,14 @@ def main() -> None:
             }
 
     print("\n| case | train s/step | its data wait | --measure batches | its data wait | projected | vs train | "
-          "counted step |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "paired | counted step |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for case, c in cases.items():
         print(
             f"| {case} | {c['real_step_seconds'] * 1e3:.2f} ms | {c['real_data_wait_fraction']:.1%} | "
             f"{c['measured_data']} | {c['measured_data_wait_fraction']:.1%} | "
             f"{c['projected_step_seconds'] * 1e3:.2f} ms | {c['projected_over_real_minus_1']:+.1%} | "
+            f"{c['paired_projected_over_real_minus_1']:+.1%} | "
             f"x{c['counted_step_over_median']:.2f} |"
         )
     write_result(
