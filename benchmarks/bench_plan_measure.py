@@ -56,6 +56,7 @@ from trainlab.cli import main as trainlab_main
 from trainlab.config import to_dict
 from trainlab.engine import throughput
 from trainlab.engine.debug import debug_run_config
+from trainlab.engine.loop import Trainer
 from trainlab.engine.metrics import RunProgress
 from trainlab.errors import UsageError
 from trainlab.memory.run_cost import data_rate_path
@@ -161,6 +162,24 @@ def real_run(recipe: str, config: Path, run_dir: Path) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def without_epoch_end() -> Any:
+    """`--without-epoch-end`: the training run with nothing saved or evaluated between epochs (as --measure's loop)."""
+    save, end_of_epoch = Trainer.save, Trainer._end_of_epoch
+
+    def no_save(self: Trainer, *, is_best: bool = False) -> None:
+        return None
+
+    def no_end_of_epoch(self: Trainer, logger: Any, stop: Any) -> dict[str, float]:
+        return {}
+
+    Trainer.save, Trainer._end_of_epoch = no_save, no_end_of_epoch  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Trainer.save, Trainer._end_of_epoch = save, end_of_epoch  # type: ignore[method-assign]
+
+
 def absent_data(self: Any, parts: Any, device: Any) -> Any:
     """`--synthetic`: the recipe's `build_data` as where the data is not on the machine."""
     raise UsageError("the data is not on this machine (bench_plan_measure.py --synthetic)")
@@ -204,6 +223,8 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall", help="thread: every clock in this "
                         "process reads the main thread's CPU time (with 1 torch thread and no loader workers, all the "
                         "work), so other processes on a shared machine do not move the numbers")  # fmt: skip
+    parser.add_argument("--without-epoch-end", action="store_true", help="also a third run per round: training "
+                        "with nothing saved or evaluated between epochs (as --measure's loop)")  # fmt: skip
     parser.add_argument("--label", default="", help="what differed (sharedmachine, idlemachine), for the file name")
     parser.add_argument("--json", default="auto", help="result file; auto: results/plan_measure_...; '': none")
     args = parser.parse_args()
@@ -222,12 +243,17 @@ def main() -> None:
             per_core = store_data_rate(recipe, config, args.data_seconds)
             real: list[dict[str, Any]] = []
             measured: list[dict[str, Any]] = []
+            no_end: list[dict[str, Any]] = []
+            kinds = ("train", "measure", "train_without_epoch_end")[: 3 if args.without_epoch_end else 2]
             for r in range(args.rounds):
-                for kind in ("train", "measure") if r % 2 == 0 else ("measure", "train"):
+                for kind in kinds if r % 2 == 0 else kinds[::-1]:
                     if kind == "train":
                         real.append(real_run(recipe, config, Path(folder) / f"{case}_{r}"))
-                    else:
+                    elif kind == "measure":
                         measured.append(measured_run(recipe, config, args.steps, args.synthetic))
+                    else:
+                        with without_epoch_end():
+                            no_end.append(real_run(recipe, config, Path(folder) / f"{case}_{r}_without_epoch_end"))
                 print(
                     f"{case} round {r + 1}/{args.rounds}: real {real[-1]['steady_step_seconds'] * 1e3:.2f} ms/step, "
                     f"measured {measured[-1]['measured_step_seconds'] * 1e3:.2f} ms/step, projected with data "
@@ -259,6 +285,17 @@ def main() -> None:
                 "real": real,
                 "measured": measured,
             }
+            if no_end:
+                cases[case]["without_epoch_end"] = {
+                    "real_step_seconds": statistics.median(x["steady_step_seconds"] for x in no_end),
+                    "paired_over_real_minus_1": statistics.median(
+                        e["steady_step_seconds"] / x["steady_step_seconds"] - 1 for e, x in zip(no_end, real)
+                    ),
+                    "paired_projected_over_it_minus_1": statistics.median(
+                        m["projected_step_seconds"] / e["steady_step_seconds"] - 1 for m, e in zip(measured, no_end)
+                    ),
+                    "real": no_end,
+                }
 
     print("\n| case | train s/step | its data wait | --measure batches | its data wait | projected | vs train | "
           "paired | counted step |")  # fmt: skip
@@ -271,6 +308,14 @@ def main() -> None:
             f"{c['paired_projected_over_real_minus_1']:+.1%} | "
             f"x{c['counted_step_over_median']:.2f} |"
         )
+    for case, c in cases.items():
+        if "without_epoch_end" in c:
+            e = c["without_epoch_end"]
+            print(
+                f"{case}: train without epoch ends {e['real_step_seconds'] * 1e3:.2f} ms/step, paired vs train "
+                f"{e['paired_over_real_minus_1']:+.1%}; projected vs it, paired: "
+                f"{e['paired_projected_over_it_minus_1']:+.1%}"
+            )
     write_result(
         result_path(
             args.json,
