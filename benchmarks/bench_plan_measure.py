@@ -10,18 +10,22 @@ workers), the cost of the step without the contention.
 
 Cases: each recipe's debug variant (`engine.debug.debug_run_config`, the golden runs' configs): toy, CIFAR VGG
 (`cifar_vgg_debug`), VAR debug and MoCo ViT debug, on the CPU, `--epochs` epochs, `--num-workers 0`, no TensorBoard,
-no progress bar. Both commands are the real ones (`trainlab.cli.main`), given the same config file:
+no progress bar; and, when named, the control `toy_long_epochs`: toy's step in epochs of 64 steps instead of 8 (the
+training run's epoch ends, with their checkpoint writes and evaluation, slow the steps after them: with 8-step epochs
+every steady step follows one). Both commands are the real ones (`trainlab.cli.main`), given the same config file:
 - train: each optimizer step's wall time is the time between two consecutive calls of the run's progress display
   (`RunProgress.update`, once per step, after the step and its logging); steady state = the median over the steps
   of the second and later epochs, without each epoch's first step (it also holds the previous epoch's evaluation and
   checkpoints, and the FLOP count: `engine/throughput.py`);
-- plan --measure: `measured_step_seconds` of `--json` (3 warm-up steps, then `--steps` timed ones, median) and
-  `projected_step_seconds`. Every case's data is on this machine, so `--measure` draws its batches through the
-  recipe's training loader (`measured_data`: "loader") and the projection is the measured step itself;
+- plan --measure: `measured_step_seconds` of `--json` (the Trainer's loop: 3 warm-up steps, then `--steps` timed
+  ones, each from the previous step's end or its epoch's start to its end; median) and `projected_step_seconds`.
+  Every case's data is on this machine, so `--measure` draws its batches through the recipe's training loader
+  (`measured_data`: "loader") and the projection is the measured step itself;
   `--synthetic` makes the recipe's data look absent (its `build_data` raises, as for a missing folder): synthetic
   batches, and the projection adds the data pipeline's time per step at the per-core rate
   `trainlab bench data RECIPE --json` measured first (stored in a temporary `$TRAINLAB_CACHE`).
-Reported per case: the median over rounds of both, projected / real - 1 (the target: within 10 %), the real run's
+Reported per case: the median over rounds of both, projected / real - 1 (the target: within 10 %), "paired" (the
+median over rounds of each round's projected / real - 1, the two runs of a round neighbours in time), the real run's
 `data_wait_fraction` (the share of its time spent fetching batches in this process) and --measure's (the median time
 inside the loader over the median step; synthetic batches: none). Also the cost of the training FLOP count: the counted
 step's time (inside `count_flops`) over the median uncounted step (the bench counts each epoch's first step, outside
@@ -52,18 +56,24 @@ from trainlab.cli import main as trainlab_main
 from trainlab.config import to_dict
 from trainlab.engine import throughput
 from trainlab.engine.debug import debug_run_config
+from trainlab.engine.loop import Trainer
 from trainlab.engine.metrics import RunProgress
 from trainlab.errors import UsageError
 from trainlab.memory.run_cost import data_rate_path
 from trainlab.recipes import get_recipe
 
-# case -> (recipe, model of the full-size config whose debug variant runs: '' keeps the recipe's default)
-CASES: dict[str, tuple[str, str]] = {
-    "toy": ("toy", ""),
-    "cifar_vgg_debug": ("cifar", "cifar_vgg19"),
-    "var_debug": ("var", ""),
-    "moco_vit_debug": ("moco", "moco_vit_small"),
+# case -> (recipe, model of the full-size config whose debug variant runs: '' keeps the recipe's default, fields set
+# on the debug config)
+CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "toy": ("toy", "", {}),
+    "cifar_vgg_debug": ("cifar", "cifar_vgg19", {}),
+    "var_debug": ("var", "", {}),
+    "moco_vit_debug": ("moco", "moco_vit_small", {}),
+    # the control: toy's step (same model, batch and data) in epochs of 64 steps instead of 8, so that most of the
+    # training run's steady steps are far from an epoch's end (its checkpoint writes and evaluation)
+    "toy_long_epochs": ("toy", "", {"num_samples": 1024}),
 }
+DEFAULT_CASES = ["toy", "cifar_vgg_debug", "var_debug", "moco_vit_debug"]
 
 _update = RunProgress.update
 _stamps: list[tuple[int, float]] = []
@@ -86,14 +96,21 @@ def _timed_count(run: Any) -> Any:
 
 def write_config(case: str, epochs: int, folder: Path) -> Path:
     """The case's debug config (run for `epochs` epochs on the CPU, data read in this process) as a YAML file."""
-    recipe_name, model = CASES[case]
+    recipe_name, model, fields = CASES[case]
     recipe_cls = get_recipe(recipe_name)
     full = recipe_cls.config_class()
     if model:
         full = dataclasses.replace(full, model=model)  # type: ignore[call-arg]
     config = debug_run_config(recipe_cls(full))
     config = dataclasses.replace(
-        config, epochs=epochs, device="cpu", num_workers=0, tensorboard=False, progress=False, log_every=100_000
+        config,
+        epochs=epochs,
+        device="cpu",
+        num_workers=0,
+        tensorboard=False,
+        progress=False,
+        log_every=100_000,
+        **fields,
     )
     path = folder / f"{case}.yaml"
     path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
@@ -119,7 +136,13 @@ def real_run(recipe: str, config: Path, run_dir: Path) -> dict[str, Any]:
     _stamps.clear()
     _counted_seconds.clear()
     argv = ["train", recipe, "--config", str(config), "--run-dir", str(run_dir)]
-    if trainlab_main(argv) != 0:
+    recount = throughput.RECOUNT_STEPS
+    throughput.RECOUNT_STEPS = 1  # count each epoch's first step (outside the steady state) to time counting
+    try:
+        code = trainlab_main(argv)
+    finally:
+        throughput.RECOUNT_STEPS = recount  # --measure's loop counts as training does: its first step only
+    if code != 0:
         raise SystemExit(f"trainlab {' '.join(argv)} failed")
     stamps = list(_stamps)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -137,6 +160,24 @@ def real_run(recipe: str, config: Path, run_dir: Path) -> dict[str, Any]:
         # the run's first step is also its warm-up: the cost of counting is read on the later epochs' counts
         "counted_over_median": statistics.median(_counted_seconds[1:]) / median,
     }
+
+
+@contextlib.contextmanager
+def without_epoch_end() -> Any:
+    """`--without-epoch-end`: the training run with nothing saved or evaluated between epochs (as --measure's loop)."""
+    save, end_of_epoch = Trainer.save, Trainer._end_of_epoch
+
+    def no_save(self: Trainer, *, is_best: bool = False) -> None:
+        return None
+
+    def no_end_of_epoch(self: Trainer, logger: Any, stop: Any) -> dict[str, float]:
+        return {}
+
+    Trainer.save, Trainer._end_of_epoch = no_save, no_end_of_epoch  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Trainer.save, Trainer._end_of_epoch = save, end_of_epoch  # type: ignore[method-assign]
 
 
 def absent_data(self: Any, parts: Any, device: Any) -> Any:
@@ -171,7 +212,7 @@ def measured_wait(x: dict[str, Any]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--recipes", nargs="+", default=DEFAULT_CASES, choices=list(CASES), help="cases")
     parser.add_argument("--epochs", type=int, default=4, help="epochs of the real run (the first is not counted)")
     parser.add_argument("--steps", type=int, default=20, help="plan --measure --steps")
     parser.add_argument("--data-seconds", type=float, default=3.0, help="trainlab bench data --seconds per case")
@@ -182,6 +223,8 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall", help="thread: every clock in this "
                         "process reads the main thread's CPU time (with 1 torch thread and no loader workers, all the "
                         "work), so other processes on a shared machine do not move the numbers")  # fmt: skip
+    parser.add_argument("--without-epoch-end", action="store_true", help="also a third run per round: training "
+                        "with nothing saved or evaluated between epochs (as --measure's loop)")  # fmt: skip
     parser.add_argument("--label", default="", help="what differed (sharedmachine, idlemachine), for the file name")
     parser.add_argument("--json", default="auto", help="result file; auto: results/plan_measure_...; '': none")
     args = parser.parse_args()
@@ -190,7 +233,6 @@ def main() -> None:
         time.perf_counter = time.thread_time  # the loop's, --measure's, the data-wait clock's and this file's
     RunProgress.update = _timed_update  # type: ignore[method-assign]
     throughput.count_flops = _timed_count
-    throughput.RECOUNT_STEPS = 1  # count each epoch's first step (excluded from the steady state) to time counting
 
     cases: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-plan-measure-") as folder:
@@ -201,12 +243,17 @@ def main() -> None:
             per_core = store_data_rate(recipe, config, args.data_seconds)
             real: list[dict[str, Any]] = []
             measured: list[dict[str, Any]] = []
+            no_end: list[dict[str, Any]] = []
+            kinds = ("train", "measure", "train_without_epoch_end")[: 3 if args.without_epoch_end else 2]
             for r in range(args.rounds):
-                for kind in ("train", "measure") if r % 2 == 0 else ("measure", "train"):
+                for kind in kinds if r % 2 == 0 else kinds[::-1]:
                     if kind == "train":
                         real.append(real_run(recipe, config, Path(folder) / f"{case}_{r}"))
-                    else:
+                    elif kind == "measure":
                         measured.append(measured_run(recipe, config, args.steps, args.synthetic))
+                    else:
+                        with without_epoch_end():
+                            no_end.append(real_run(recipe, config, Path(folder) / f"{case}_{r}_without_epoch_end"))
                 print(
                     f"{case} round {r + 1}/{args.rounds}: real {real[-1]['steady_step_seconds'] * 1e3:.2f} ms/step, "
                     f"measured {measured[-1]['measured_step_seconds'] * 1e3:.2f} ms/step, projected with data "
@@ -224,6 +271,9 @@ def main() -> None:
                 "projected_step_seconds": projected_s,
                 "projected_over_real_minus_1": projected_s / real_s - 1,
                 "projected_within_10_percent": abs(projected_s / real_s - 1) <= 0.10,
+                "paired_projected_over_real_minus_1": statistics.median(
+                    m["projected_step_seconds"] / x["steady_step_seconds"] - 1 for m, x in zip(measured, real)
+                ),
                 "real_step_seconds": real_s,
                 "real_step_seconds_without_data_wait": real_s * (1 - wait),
                 "measured_step_seconds": measured_s,
@@ -235,17 +285,37 @@ def main() -> None:
                 "real": real,
                 "measured": measured,
             }
+            if no_end:
+                cases[case]["without_epoch_end"] = {
+                    "real_step_seconds": statistics.median(x["steady_step_seconds"] for x in no_end),
+                    "paired_over_real_minus_1": statistics.median(
+                        e["steady_step_seconds"] / x["steady_step_seconds"] - 1 for e, x in zip(no_end, real)
+                    ),
+                    "paired_projected_over_it_minus_1": statistics.median(
+                        m["projected_step_seconds"] / e["steady_step_seconds"] - 1 for m, e in zip(measured, no_end)
+                    ),
+                    "real": no_end,
+                }
 
     print("\n| case | train s/step | its data wait | --measure batches | its data wait | projected | vs train | "
-          "counted step |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "paired | counted step |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for case, c in cases.items():
         print(
             f"| {case} | {c['real_step_seconds'] * 1e3:.2f} ms | {c['real_data_wait_fraction']:.1%} | "
             f"{c['measured_data']} | {c['measured_data_wait_fraction']:.1%} | "
             f"{c['projected_step_seconds'] * 1e3:.2f} ms | {c['projected_over_real_minus_1']:+.1%} | "
+            f"{c['paired_projected_over_real_minus_1']:+.1%} | "
             f"x{c['counted_step_over_median']:.2f} |"
         )
+    for case, c in cases.items():
+        if "without_epoch_end" in c:
+            e = c["without_epoch_end"]
+            print(
+                f"{case}: train without epoch ends {e['real_step_seconds'] * 1e3:.2f} ms/step, paired vs train "
+                f"{e['paired_over_real_minus_1']:+.1%}; projected vs it, paired: "
+                f"{e['paired_projected_over_it_minus_1']:+.1%}"
+            )
     write_result(
         result_path(
             args.json,

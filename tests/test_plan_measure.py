@@ -17,7 +17,7 @@ from trainlab.engine.throughput import DevicePeak
 from trainlab.errors import UsageError
 from trainlab.memory.efficiency import efficiency_for
 from trainlab.memory.gpus import GPU_PROFILES
-from trainlab.memory.measure import Measurement, measure_step, synthetic_batches
+from trainlab.memory.measure import COUNTED, Measurement, measure_step, synthetic_batches
 from trainlab.recipes import get_recipe
 
 TOY = ["toy", "--num-samples", "64", "--batch-size", "16", "--device", "cpu"]
@@ -70,6 +70,34 @@ def test_measure_step_times_real_steps_with_accumulation() -> None:
     # Linear(16 -> 32), ReLU, Linear(32 -> 4), 2 micro-batches of 8: forward, weight gradients, hidden gradient
     assert m.flops_per_step == 2 * (2 * 8 * (16 * 32 + 32 * 4) * 2 + 2 * 8 * 32 * 4)
     assert m.memory["memory_kind"] == "cpu_peak_rss_growth" and m.mfu is None
+
+
+def test_measure_step_times_the_training_loop_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainlab.engine import loop
+    from trainlab.engine.metrics import RunProgress
+
+    monkeypatch.chdir(tmp_path)
+    shown: list[int] = []
+    update = RunProgress.update
+    monkeypatch.setattr(
+        RunProgress, "update", lambda bar, step, metrics: shown.append(step) or update(bar, step, metrics)
+    )
+    recipe_cls = get_recipe("toy")
+    between_epochs: list[str] = []  # nothing is evaluated, no checkpoint state gathered, nothing exported
+    monkeypatch.setattr(recipe_cls, "evaluate", lambda *args: between_epochs.append("evaluate") or {})
+    monkeypatch.setattr(recipe_cls, "on_fit_end", lambda *args: between_epochs.append("export"))
+    monkeypatch.setattr(loop, "training_state", lambda *args, **kwargs: between_epochs.append("save") or {})
+    config = recipe_cls.config_class(
+        num_samples=64, batch_size=16, max_steps=2, device="cpu", run_dir=tmp_path / "run", checkpoint_every=1
+    )
+    recipe = recipe_cls(config)
+    m = measure_step(recipe, torch.device("cpu"), steps=6, warmup_steps=2)
+    # the loop's own steps (its progress display shown after each), past --max-steps 2 and the 1 epoch of 4 steps
+    assert shown == list(range(1, 9)) and len(m.step_seconds) == 6 and between_epochs == []
+    assert list(tmp_path.iterdir()) == [] and recipe.config is config  # no run dir, no checkpoint, no log
+    assert m.flops_per_step > 0 and m.flops_source == COUNTED  # the loop's count, on its first step
 
 
 def test_the_efficiency_is_stored_only_for_a_known_gpu_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,8 +2,9 @@
 
 On the device the training flag `--device` names (default: the recipe's; `auto` is CUDA when present, else the
 CPU): the memory plan for that device (on CUDA against the present GPU's profile), then `memory.measure.measure_step`
-(warm-up steps, then N timed optimizer steps of the real recipe: on the recipe's data through its training loader when
-the data is on this machine, else on synthetic batches; downloads are turned off), and beside each other:
+(warm-up steps, then N timed optimizer steps of the Trainer's own training loop, as `trainlab train` runs them, in a
+throw-away run directory where nothing is written: on the recipe's data through its training loader when the data is
+on this machine, else on synthetic batches; downloads are turned off), and beside each other:
 measured and estimated s/step, samples/s, achieved TFLOP/s and MFU (where the device's peak is known), the measured
 and the planned peak memory, and the projection of the whole run (the configured epochs x steps per epoch of the
 dataset size). The projected s/step is the measured one where the loader ran (its time is inside the steps); with

@@ -13,7 +13,9 @@ models: `engine.fsdp.Sharding.whole`), `ckpt/last.pt` again and, when the
 recipe's best metric improved, `ckpt/best.pt`. SIGTERM / Ctrl-C finish the current step, save and return
 "interrupted"; `--max-steps` stops early with "max_steps". How a save reaches the disk (one whole file, or under
 `--fsdp` a folder of every rank's shards; in the step, or with `--async-checkpoint` in the background, waited for by
-the next save and by the end of `fit`) is `engine.checkpoint_writer`'s.
+the next save and by the end of `fit`) is `engine.checkpoint_writer`'s. A caller that times the loop's steps
+(`trainlab plan --measure`: `memory.measure`) passes `on_mark`, told where each epoch's steps start and where each
+step ends (`StepMark`); the loop runs the same with or without it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -58,7 +61,7 @@ from trainlab.errors import TrainingStopped, UsageError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ENGINE_MAY_CHANGE", "FitResult", "FitStatus", "Progress", "Trainer", "resolve_device"]
+__all__ = ["ENGINE_MAY_CHANGE", "FitResult", "FitStatus", "Progress", "StepMark", "Trainer", "resolve_device"]
 
 FitStatus = Literal["finished", "interrupted", "max_steps"]
 """How a `fit` call ended: the run's end (all epochs), a stop signal (or `fit(stop_at_step=...)`'s stop), or
@@ -95,11 +98,40 @@ class EpochResult:
     samples: int  # samples trained in this call
 
 
-class Trainer:
-    """Runs a recipe. Single process needs no process group; under torchrun every rank builds a Trainer."""
+@dataclass(frozen=True)
+class StepMark:
+    """A point of an epoch's steps, told to `Trainer(on_mark=...)` (a caller reads its clock there).
 
-    def __init__(self, recipe: Recipe[Any], *, write_outputs: bool = True) -> None:
+    Attributes:
+        step: optimizer steps done.
+        epoch_start: True where the epoch's steps start (its loader iterator made, the device synchronized); False
+            after a step and its bookkeeping (the NaN / skip checks, health, the loss kept, the progress display).
+        data_wait_seconds: seconds spent inside this epoch's loader `next()` so far.
+    """
+
+    step: int
+    epoch_start: bool
+    data_wait_seconds: float
+
+
+class Trainer:
+    """Runs a recipe. Single process needs no process group; under torchrun every rank builds a Trainer.
+
+    Args:
+        recipe: the recipe with its config.
+        write_outputs: rank 0 writes the run directory (config, metrics, checkpoints); False writes nothing.
+        on_mark: called at each `StepMark` of the loop (None: nothing is called).
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe[Any],
+        *,
+        write_outputs: bool = True,
+        on_mark: Callable[[StepMark], None] | None = None,
+    ) -> None:
         self.recipe = recipe
+        self._on_mark = on_mark
         self.config: TrainConfig = recipe.config
         cfg = self.config
         self.device = resolve_device(cfg.device)
@@ -440,6 +472,8 @@ class Trainer:
         self._throughput.start_window(self.progress.step)
         synchronize(self.device)
         t0 = time.perf_counter()
+        if self._on_mark is not None:
+            self._on_mark(StepMark(self.progress.step, True, iterator.waited))
         steps_done = 0
         status: FitStatus = "finished"
         first_loss_key = "loss" if len(self.phases) == 1 else f"{self.phases[0].name}/loss"
@@ -464,6 +498,8 @@ class Trainer:
                 steps_done += 1
                 losses.append(metrics.get(first_loss_key, math.nan))
                 self._bar.update(self.progress.step, metrics)
+                if self._on_mark is not None:
+                    self._on_mark(StepMark(self.progress.step, False, iterator.waited))
                 if self.progress.step == 3 and cfg.memory_snapshot:
                     self._dump_memory_snapshot()
                 if self._logs_step(self.progress.step) or self.progress.step == self.length.stop_step:

@@ -1,26 +1,28 @@
 """Measure a recipe's real training step on the device present: `trainlab plan RECIPE ... --measure [--steps N]`.
 
-The set-up is the Trainer's (`engine.assemble.assemble`: seed, `recipe.build`, averaged copies, precision, the
-device, one `LossScaler` and `Scheduler` per phase, `--compile`, the health monitor, the `StepRunner`); the batches
-come from where the run's would:
-- the data on this machine: the Trainer's own loader (`recipe.build_data`, the step sampler of this process's share,
-  the configured workers, pinned memory and collate: `engine.sampler`), epoch after epoch, so each timed step holds
-  what a `trainlab train` step holds: reading, augmenting and collating its batches (in this process with
-  `--num-workers 0`, else waiting for the workers) and the step on them. The time spent in the loader's `next()` is
-  recorded per step (`data_wait_seconds`). With the loader around it the step itself is slower than on batches
-  held in memory (toy, one CPU thread: 0.86-0.95 ms per step besides the 0.17 ms inside the loader, against
-  0.77-0.85 ms; benchmarks/README.md, section 10), so the pipeline's time cannot simply be added from outside;
+What is timed is the Trainer's own training loop (`engine.loop.Trainer`, built as `trainlab train` builds it: seed,
+`recipe.build`, averaged copies, precision, the device, scalers and schedules, `--compile`, the health monitor, the
+`StepRunner`), run for `warmup_steps` + `steps` optimizer steps in a throw-away run directory: each step with what
+the loop does around it in a training run (the batches drawn through the loader, the skip and NaN checks, health,
+the loss kept, progress, metric rows as configured, the FLOP count on the first step, the stop checks). The loop
+tells where each epoch's steps start and each step ends (`engine.loop.StepMark`); a step's seconds run from the
+previous mark to its end, the device synchronized before each clock is read; s/step is the median of the timed
+steps. What happens between epochs and at the end is not run (nothing saved, evaluated, exported or written) and
+is in no step. The run's length is the configured one, with epochs added where that is shorter than the measurement.
+
+The batches come from where the run's would:
+- the data on this machine: the Trainer's loader (`recipe.build_data`, the step sampler of this process's share of
+  `gpus`, the configured workers, pinned memory and collate: `engine.sampler`), epoch after epoch; the time inside
+  the loader's `next()` is recorded per step (`data_wait_seconds`);
 - the data not on this machine (`recipe.build_data` raises a `UsageError`: a missing root or file; the caller turns
   downloads off): synthetic batches of the real shapes and dtypes, made as the planner's tracer makes its fake ones
   (`recipe.example_batch(micro_batch)`), with the floating tensors filled from a seeded normal draw (an all-zero
   image can take degenerate paths: BatchNorm of a constant) and kept in host memory (pinned on CUDA, as the
   loader's): no data is read, and the measured time is the step's alone (`data_note` says why).
 
-`warmup_steps` optimizer steps run first (the first creates the optimizer states, allocates the allocator's
-segments, picks cuDNN / inductor kernels); FLOPs are counted on the last of them (`engine.throughput.count_flops`,
-the count `trainlab train` logs) unless the caller gives the traced count. Then `steps` optimizer steps
-(accumulation included: `grad_accumulation` micro-batches each) are timed one by one, the device synchronized before
-each clock is read; s/step is their median. Peak memory: on CUDA the allocator's peaks since the measurement began
+Warm-up steps come first (the first creates the optimizer states, allocates the allocator's segments, picks cuDNN /
+inductor kernels, and is the step the loop counts FLOPs on: `engine.throughput`, the count `trainlab train` logs),
+unless the caller gives the traced count. Peak memory: on CUDA the allocator's peaks since the training loop began
 (`max_memory_allocated`, `max_memory_reserved`); on a CPU the growth of the process's resident set (its high-water
 mark minus the resident set when the measurement began), labelled as such.
 """
@@ -31,27 +33,30 @@ from __future__ import annotations
 
 import logging
 import statistics
+import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 
-from trainlab.engine.assemble import assemble
-from trainlab.engine.data_wait import DataWaitClock
+from trainlab.engine.loop import StepMark, Trainer
+from trainlab.engine.metrics import MetricsLogger
 from trainlab.engine.peak_memory import current_rss_bytes, peak_memory, reset_peak, synchronize
 from trainlab.engine.precision import Precision, check_device_support
-from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
+from trainlab.engine.recipe import Batch, Recipe, TrainParts
 from trainlab.engine.run_length import RunLength, run_length
-from trainlab.engine.sampler import StepBatchSampler, micro_batch_size, training_loader
-from trainlab.engine.seeding import set_deterministic
-from trainlab.engine.throughput import DevicePeak, compute_name, count_flops, device_peak
+from trainlab.engine.sampler import micro_batch_size, training_loader
+from trainlab.engine.signals import StopFlag
+from trainlab.engine.throughput import DevicePeak, compute_name, device_peak
 from trainlab.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 COUNTED = "counted on the real step (matmul, conv, attention)"
+NOT_COUNTED = "not counted (--compile: inductor's kernels bypass the counter)"
 SCHEDULE_STEPS = 1_000_000  # the schedule's horizon when the dataset size is not given (as the planner's trace)
 
 
@@ -132,49 +137,96 @@ def synthetic_batches(recipe: Recipe[Any], micro_batch: int, device: torch.devic
     return batches
 
 
-def _cycle(batches: list[Batch]) -> Iterator[Batch]:
-    while True:
-        yield from batches
+class _SyntheticData:
+    """Stands in for the training data, its sampler and its loader where the data is not on this machine: each epoch
+    yields `steps_per_epoch` x `accumulation` micro-batches, cycling through `batches` (read from host memory)."""
+
+    def __init__(self, batches: list[Batch], steps_per_epoch: int, accumulation: int) -> None:
+        self._batches, self._count = batches, steps_per_epoch * accumulation
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Every epoch is the same (nothing to set)."""
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (self._batches[i % len(self._batches)] for i in range(self._count))
 
 
-@dataclass
-class _Batches:
-    """The batches the measured steps draw: the recipe's loader (when its data is on this machine) or synthetic ones;
-    filled in by `length_of` while the run is assembled (the data is built where the Trainer builds it)."""
+class _StepClock:
+    """Times the training loop's optimizer steps at its `StepMark`s: a step's seconds run from the previous mark (the
+    previous step's end, or its epoch's start) to its end, the device synchronized before each clock is read; the
+    time between an epoch's last step and the next epoch's start (the epoch's end) is in no step. Steps
+    `warmup + 1` to `warmup + steps` (1-based) are kept, with their time inside the loader."""
 
-    recipe: Recipe[Any]
-    micro: int
-    gpus: int
-    device: torch.device
-    length: RunLength
-    iterator: Iterator[Batch] | None = None
-    data: str = "synthetic"
-    note: str = ""
+    def __init__(self, device: torch.device, warmup: int, steps: int) -> None:
+        self.device, self.warmup, self.steps = device, warmup, steps
+        self.seconds: list[float] = []
+        self.waited: list[float] = []
+        self._last = 0.0
+        self._last_waited = 0.0
 
-    def length_of(self, parts: TrainParts) -> RunLength:
-        cfg = self.recipe.config
+    def __call__(self, mark: StepMark) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        if not mark.epoch_start and self.warmup < mark.step <= self.warmup + self.steps:
+            self.seconds.append(now - self._last)
+            self.waited.append(mark.data_wait_seconds - self._last_waited)
+        self._last, self._last_waited = now, mark.data_wait_seconds
+
+
+class _MeasuredRun(Trainer):
+    """The Trainer, its loop as `trainlab train` runs it, minus what happens between epochs and at the run's end:
+    nothing is saved, evaluated or exported, and nothing is written (`write_outputs=False`). Its data: the recipe's
+    through the Trainer's loader of one process's share of `gpus` (or synthetic batches where the data is not on this
+    machine); its length: the configured run's, with epochs added where that is shorter than the measurement."""
+
+    def __init__(self, recipe: Recipe[Any], clock: _StepClock, *, gpus: int, dataset_size: int | None) -> None:
+        self._gpus, self._needed_steps, self._given_size = gpus, clock.warmup + clock.steps, dataset_size
+        self.data, self.data_note = "synthetic", ""
+        super().__init__(recipe, write_outputs=False, on_mark=clock)
+
+    def _build_data(self, parts: TrainParts) -> RunLength:
+        cfg, recipe = self.config, self.recipe
         try:
-            dataset = self.recipe.build_data(parts, self.device)
+            dataset = recipe.build_data(parts, self.device)
         except UsageError as err:
-            self.note = f"the data is not on this machine ({str(err).rstrip('.')})"
-            self.iterator = _cycle(synthetic_batches(self.recipe, self.micro, self.device))
-            return self.length
-        sampler, loader, options = training_loader(dataset, cfg, device_type=self.device.type, rank=0, world=self.gpus)
-        self.data, self.note = "loader", f"the recipe's data through its training loader ({options.describe()})"
-        self.iterator = _epochs(loader, dataset, sampler)
-        return run_length(sampler.steps_per_epoch, epochs=cfg.epochs, max_steps=cfg.max_steps)
+            micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, self._gpus)
+            self.data_note = f"the data is not on this machine ({str(err).rstrip('.')})"
+            size = self._given_size
+            steps_per_epoch = -(-SCHEDULE_STEPS // cfg.epochs) if size is None else max(size // cfg.batch_size, 1)
+            synthetic = _SyntheticData(
+                synthetic_batches(recipe, micro, self.device), steps_per_epoch, cfg.grad_accumulation
+            )
+            self.train_dataset = self.sampler = self.loader = cast(Any, synthetic)
+            self.dataset_size = steps_per_epoch * cfg.batch_size
+        else:
+            self.train_dataset, self.dataset_size = dataset, len(dataset)  # type: ignore[arg-type]
+            self.sampler, self.loader, options = training_loader(
+                dataset, cfg, device_type=self.device.type, rank=0, world=self._gpus
+            )
+            self.data, self.data_note = (
+                "loader",
+                f"the recipe's data through its training loader ({options.describe()})",
+            )
+            steps_per_epoch = self.sampler.steps_per_epoch
+        needed = self._needed_steps
+        epochs = max(cfg.epochs, -(-needed // steps_per_epoch))
+        max_steps = -1 if 0 < cfg.max_steps < needed else cfg.max_steps
+        self.config = replace(cfg, epochs=epochs, max_steps=max_steps)  # the loop's; the recipe's stays as it is
+        return run_length(steps_per_epoch, epochs=epochs, max_steps=max_steps)
 
+    def _end_of_epoch(self, logger: MetricsLogger, stop: StopFlag) -> dict[str, float]:
+        return {}  # no checkpoint, no evaluation: outside every timed step
 
-def _epochs(loader: Any, dataset: Any, sampler: StepBatchSampler) -> Iterator[Batch]:
-    """The loader's batches epoch after epoch, each epoch set on the sampler and the dataset as the Trainer sets it."""
-    epoch = 0
-    while True:
-        sampler.set_epoch(epoch)
-        set_epoch = getattr(dataset, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-        yield from loader
-        epoch += 1
+    def save(self, *, is_best: bool = False) -> None:
+        """Nothing is saved (the stop after the last timed step saves in a training run)."""
+
+    def _on_fit_end(self) -> None:
+        """Nothing is exported."""
+
+    @property
+    def counted_flops(self) -> int | None:
+        """The FLOPs the loop counted on its first step (None under --compile: not counted)."""
+        return self._throughput.flops_per_step
 
 
 def measure_step(
@@ -188,21 +240,23 @@ def measure_step(
     flops_per_step: int | None = None,
     flops_source: str = "",
 ) -> Measurement:
-    """Run `warmup_steps` then `steps` real optimizer steps of `recipe` on `device` and time them.
+    """Run `warmup_steps` then `steps` optimizer steps of `recipe`'s training loop on `device` and time them.
 
     Args:
-        recipe: the recipe with its config (precision, batch size, accumulation, compile, clipping as configured).
+        recipe: the recipe with its config (precision, batch size, accumulation, compile, clipping, logging, health
+            as configured); run in a throw-away run directory, on `device`, without --max-steps stopping it early.
         device: a device of this machine (`engine.device.resolve_device`).
         steps: timed optimizer steps (>= 1).
-        warmup_steps: untimed optimizer steps first (>= 1: FLOPs are counted on the last).
+        warmup_steps: untimed optimizer steps first (>= 1: the loop counts FLOPs on its first step).
         gpus: processes the global batch is shared by; this process runs one share (no communication measured).
-        dataset_size: samples per epoch, for the schedule's horizon with synthetic batches (None: `SCHEDULE_STEPS`);
-            with the data on this machine the schedule is the Trainer's, from the dataset.
+        dataset_size: samples per epoch, for the run's length with synthetic batches (None: `SCHEDULE_STEPS`
+            steps); with the data on this machine the length is the Trainer's, from the dataset.
         flops_per_step: one process's FLOPs per optimizer step (the traced count); None: counted on the real step.
         flops_source: where `flops_per_step` comes from (shown with it).
 
     Raises:
         UsageError: steps or warmup_steps below 1, a batch that does not split, a precision the device lacks.
+        KeyboardInterrupt: stopped (Ctrl-C, SIGTERM) before the last timed step.
     """
     if steps < 1:
         raise UsageError(f"--steps {steps}: measure at least 1 optimizer step")
@@ -212,55 +266,31 @@ def measure_step(
     precision = Precision.parse(cfg.precision)
     check_device_support(precision, device)
     micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, gpus)
-    length = _length(cfg.epochs, cfg.max_steps, cfg.batch_size, dataset_size)
-    set_deterministic(cfg.deterministic)
+    clock = _StepClock(device, warmup_steps, steps)
     reset_peak(device)
     rss_at_start = current_rss_bytes()
-    with precision.default_dtype():
-        source = _Batches(recipe, micro, gpus, device, length)
-        run = assemble(
-            recipe,
-            device=device,
-            precision=precision,
-            length_of=source.length_of,
-            compile_models=cfg.compile,
-            health_every=cfg.health_every,
+    with tempfile.TemporaryDirectory(prefix="trainlab-measure-") as run_dir:
+        recipe.config = replace(
+            cfg, run_dir=Path(run_dir), device=str(device), resume="auto", overwrite=False, memory_snapshot=""
         )
-        length = run.length
-        for model in run.parts.models.values():
-            model.train()
-        assert source.iterator is not None
-        batches = DataWaitClock(source.iterator)
-        counted: int | None = None
-        seconds: list[float] = []
-        waited: list[float] = []
-        for step in range(warmup_steps + steps):
-            info = StepInfo(
-                step=step,
-                total_steps=length.total_steps,
-                steps_per_epoch=length.steps_per_epoch,
-                epoch=step // length.steps_per_epoch,
-                log_now=False,
-                num_micro_steps=cfg.grad_accumulation,
-            )
-            synchronize(device)
-            began, waited_before = time.perf_counter(), batches.waited
-            if step == warmup_steps - 1 and flops_per_step is None:
-                _, counted = count_flops(lambda: run.runner.run(batches, info))  # noqa: B023 - called at once
-            else:
-                run.runner.run(batches, info)
-            synchronize(device)
-            if step >= warmup_steps:
-                seconds.append(time.perf_counter() - began)
-                waited.append(batches.waited - waited_before)
-        memory = peak_memory(device)
+        try:
+            run = _MeasuredRun(recipe, clock, gpus=gpus, dataset_size=dataset_size)
+            result = run.fit(stop_at_step=warmup_steps + steps)
+        finally:
+            recipe.config = cfg
+    if len(clock.seconds) < steps:
+        raise KeyboardInterrupt(f"--measure stopped at step {result.step} of {warmup_steps + steps}")
+    memory = peak_memory(device)
     if device.type != "cuda":
         memory = {
             "peak_memory_bytes": max(memory["peak_memory_bytes"] - rss_at_start, 0),
             "memory_kind": "cpu_peak_rss_growth",
         }
-    flops = flops_per_step if flops_per_step is not None else counted
-    assert flops is not None
+    counted = run.counted_flops
+    if flops_per_step is not None:
+        flops, source = flops_per_step, flops_source
+    else:
+        flops, source = (counted, COUNTED) if counted is not None else (0, NOT_COUNTED)
     compute = compute_name(precision)
     return Measurement(
         device=str(device),
@@ -272,19 +302,12 @@ def measure_step(
         gpus=gpus,
         warmup_steps=warmup_steps,
         steps=steps,
-        step_seconds=seconds,
+        step_seconds=clock.seconds,
         flops_per_step=flops,
-        flops_source=flops_source if flops_per_step is not None else COUNTED,
+        flops_source=source,
         peak=device_peak(device, compute),
         memory=memory,
-        data=source.data,
-        data_note=source.note,
-        data_wait_seconds=waited if source.data == "loader" else [],
+        data=run.data,
+        data_note=run.data_note,
+        data_wait_seconds=clock.waited if run.data == "loader" else [],
     )
-
-
-def _length(epochs: int, max_steps: int, batch_size: int, dataset_size: int | None) -> RunLength:
-    """The run's length as the Trainer derives it from the dataset size (or the planner's long run without one)."""
-    if dataset_size is None:
-        return run_length(-(-SCHEDULE_STEPS // epochs), epochs=epochs, max_steps=max_steps)
-    return run_length(max(dataset_size // batch_size, 1), epochs=epochs, max_steps=max_steps)
