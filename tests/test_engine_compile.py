@@ -31,6 +31,7 @@ def _debug_config(recipe: str, run_dir: Path, **kw: Any) -> TrainConfig:
 
 
 @needs_compiler
+@pytest.mark.slow  # about a minute; the default suite compiles toy below and in the DDP tests
 def test_compiled_var_equals_eager_within_rounding_and_resumes_to_the_bit(tmp_path: Path) -> None:
     var = get_recipe("var")
     eager = Trainer(var(_debug_config("var", tmp_path / "eager"))).fit().losses
@@ -73,8 +74,10 @@ def test_missing_cpp_compiler_is_one_line(
 
 
 @needs_compiler
-@pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["toy", "cifar", "moco", "tokenizer", "linear-probe"])
+@pytest.mark.parametrize(
+    "recipe",
+    ["toy", *(pytest.param(name, marks=pytest.mark.slow) for name in ("cifar", "moco", "tokenizer", "linear-probe"))],
+)
 def test_every_recipe_debug_check_passes_compiled(recipe: str, tmp_path: Path) -> None:
     """`trainlab train RECIPE --debug --compile`: straight vs stopped, saved, reloaded and finished, bit for bit."""
     recipe_cls = get_recipe(recipe)
