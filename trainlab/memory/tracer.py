@@ -58,6 +58,9 @@ class Trace:
     events: list[tuple[int, int]] = field(default_factory=list)
     step_starts: list[int] = field(default_factory=list)  # event position where each traced step began
     end: int = -1  # event position after the last traced step (later events: the trace's own clean-up)
+    micro_step_starts: list[int] = field(default_factory=list)  # event position where each micro-batch was drawn
+    micro_steps_ends: list[int] = field(default_factory=list)  # event position where each step's unscale began
+    first_pass: bool = False  # the recipe ran a first pass over the micro-batches (MoCo's keys)
 
 
 def _placeholder_scalar(dtype: torch.dtype, overflow_flag: bool) -> bool | int | float:
