@@ -92,10 +92,19 @@ def _tight_gpu(recipe: Any) -> GpuProfile:
     return GpuProfile("tight", (ends[0] + ends[1]) // 2, (9, 0))
 
 
-def test_the_derived_fit_plans_what_the_traced_fit_plans(monkeypatch: pytest.MonkeyPatch) -> None:
-    recipe = _recipe(ToyRecipe, batch_size=512)
+@pytest.mark.parametrize(
+    ("cls", "precision", "batch"),
+    [
+        (ToyRecipe, "fp32", 512),
+        pytest.param(VARRecipe, "fp16-amp-scale", 64, marks=pytest.mark.slow),  # about a minute: two plans
+    ],
+)
+def test_the_derived_fit_plans_what_the_traced_fit_plans(
+    cls: type, precision: str, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = _recipe(cls, batch_size=batch, precision=precision)
     fast, slow = _plans(recipe, _tight_gpu(recipe), monkeypatch)
-    assert fast.max_micro_batch is not None and fast.max_micro_batch < 256  # the search ran below the batch
+    assert fast.max_micro_batch is not None and fast.max_micro_batch < batch // 2  # the search ran below the batch
     assert fast.traces < slow.traces
     assert dataclasses.replace(fast, traces=0) == dataclasses.replace(slow, traces=0)
 
