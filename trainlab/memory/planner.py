@@ -24,6 +24,7 @@ from typing import Any
 from trainlab.engine.recipe import Recipe
 from trainlab.engine.sampler import micro_batch_size
 from trainlab.errors import UsageError
+from trainlab.memory.accumulation_fit import first_micro_batch_only
 from trainlab.memory.batch_fit import FittedRun, fit_micro_batch
 from trainlab.memory.breakdown import Breakdown, breakdown
 from trainlab.memory.flop_counter import StepFlops
@@ -145,7 +146,9 @@ class _Tracer:
     """Breakdowns of the recipe at a micro-batch, accumulation and precision: traced, or (for the configured precision
     and checkpointing, micro-batches from `FIT_FROM` on) read from the affine fit of `memory.batch_fit`, which is
     traced once per accumulation at `FIT_POINTS` and checked against a third trace before it is used: one already
-    traced at that accumulation where there is one (the smallest micro-batch's, when it agrees), else `FIT_CHECK`."""
+    traced at that accumulation where there is one (the smallest micro-batch's, when it agrees), else `FIT_CHECK`.
+    The fit at accumulation 1 first tries the fit points already traced at accumulation 2, cut to their first
+    micro-batch (`memory.accumulation_fit`), checked against a real trace at accumulation 1."""
 
     FIT_POINTS = (4, 8)
     FIT_CHECK = 6
@@ -222,10 +225,14 @@ class _Tracer:
 
     def _fit(self, accumulation: int) -> FittedRun | None:
         if accumulation not in self.fits:
+            fit = self._fit_from_accumulation_2() if accumulation == 1 else None
+            if fit is not None:
+                self.fits[accumulation] = fit
+                log.debug("micro-batch fit at accumulation 1: derived from accumulation 2, holds")
+                return fit
             low, high = (self._configured_run(m, accumulation) for m in self.FIT_POINTS)
             others = [m for (m, k) in self.runs if k == accumulation and m not in self.FIT_POINTS]
             larger = [m for m in others if m >= self.FIT_FROM]
-            fit = None
             if not larger and others:  # a trace below `FIT_FROM` (the smallest micro-batch's) checks it when it can
                 fit = fit_micro_batch(low, high, self.runs[(max(others), accumulation)])
             if fit is None:
@@ -238,6 +245,21 @@ class _Tracer:
                 "holds" if self.fits[accumulation] else "does not hold",
             )
         return self.fits[accumulation]
+
+    def _fit_from_accumulation_2(self) -> FittedRun | None:
+        """The fit at accumulation 1 through the fit points already traced at accumulation 2, each cut to its first
+        micro-batch (`memory.accumulation_fit`), checked against a real trace at accumulation 1: the configured one
+        where there is one, else one at `FIT_CHECK` (which the fallback then uses as its check). None where the
+        accumulation-2 points are not traced yet or the derived fit does not give the check's bytes."""
+        if any((m, 2) not in self.runs for m in self.FIT_POINTS):
+            return None
+        derived = [first_micro_batch_only(self.runs[(m, 2)]) for m in self.FIT_POINTS]
+        low, high = derived
+        if low is None or high is None:
+            return None
+        larger = [m for (m, k) in self.runs if k == 1 and m >= self.FIT_FROM and m not in self.FIT_POINTS]
+        check = self._configured_run(max(larger) if larger else self.FIT_CHECK, 1)
+        return fit_micro_batch(low, high, check)
 
 
 def _checkpointing_supported(tracer: _Tracer) -> bool:

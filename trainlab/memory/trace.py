@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from trainlab.engine.assemble import AssemblyHooks, assemble
-from trainlab.engine.precision import Precision
+from trainlab.engine.precision import LossScaler, Precision
 from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
 from trainlab.engine.run_length import RunLength, run_length
 from trainlab.memory.cuda_autocast import CudaAutocastPolicy
@@ -99,6 +99,7 @@ class _RegionRecipe(Recipe[Any]):
         self, models: Mapping[str, nn.Module], micro_batches: Iterable[Batch], phase: str, info: StepInfo
     ) -> None:
         self.tracer.region = "forward"  # what it keeps (MoCo's keys) lives through the step's forwards
+        self.tracer.trace.first_pass = True
         self.inner.first_pass(models, micro_batches, phase, info)
 
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
@@ -132,6 +133,7 @@ def _batches(recipe: Recipe[Any], tracer: StorageTracer, micro_batch: int) -> It
     while True:
         previous: Region = tracer.region
         tracer.region = "batch"
+        tracer.trace.micro_step_starts.append(len(tracer.trace.events))
         batch = recipe.example_batch(micro_batch)
         tracer.region = previous
         yield batch
@@ -201,6 +203,8 @@ def trace_training(
     ):
         run = assemble(recipe, device=cpu, precision=precision, length_of=lambda parts: planned, hooks=hooks)
         parts, runner = run.parts, run.runner
+        for scaler in runner.scalers.values():
+            _mark_micro_steps_end(tracer, scaler)
         batches = _batches(recipe, tracer, micro_batch)
         steps = traced_step_indices(planned.stop_step)
         for position, step in enumerate(steps):
@@ -236,6 +240,17 @@ def trace_training(
         del run, runner, parts, batches
     traced.trace.events = traced.trace.events[: traced.trace.end]
     return traced
+
+
+def _mark_micro_steps_end(tracer: StorageTracer, scaler: LossScaler) -> None:
+    """Mark where a step's micro-batches end: the step runner unscales the gradients right after the last one."""
+    unscale = scaler.unscale_
+
+    def marked(optimizer: torch.optim.Optimizer) -> None:
+        tracer.trace.micro_steps_ends.append(len(tracer.trace.events))
+        unscale(optimizer)
+
+    scaler.unscale_ = marked  # type: ignore[method-assign]
 
 
 def _prepare_in_place(model: nn.Module, precision: Precision | None, keep_batchnorm_fp32: bool) -> None:

@@ -58,6 +58,9 @@ class Trace:
     events: list[tuple[int, int]] = field(default_factory=list)
     step_starts: list[int] = field(default_factory=list)  # event position where each traced step began
     end: int = -1  # event position after the last traced step (later events: the trace's own clean-up)
+    micro_step_starts: list[int] = field(default_factory=list)  # event position where each micro-batch was drawn
+    micro_steps_ends: list[int] = field(default_factory=list)  # event position where each step's unscale began
+    first_pass: bool = False  # the recipe ran a first pass over the micro-batches (MoCo's keys)
 
 
 def _placeholder_scalar(dtype: torch.dtype, overflow_flag: bool) -> bool | int | float:
@@ -83,6 +86,18 @@ def _dynamic_shape_placeholder(func: Any, args: Any, kwargs: dict[str, Any]) -> 
     if func is aten.masked_select.default:
         return torch.zeros(0, dtype=x.dtype, device=x.device)
     return None
+
+
+_DYNAMIC_SHAPE = frozenset(
+    {torch.ops.aten.bincount.default, torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default}
+)
+
+
+def _output_tensors(out: Any) -> list[torch.Tensor] | tuple[torch.Tensor]:
+    """The tensors an op returned (most ops return one tensor: no pytree walk for those)."""
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -174,7 +189,8 @@ class StorageTracer(TorchDispatchMode):
             return _placeholder_scalar(args[0].dtype, flag)
         if func.overloadpacket is torch.ops.aten.convolution:
             self.uses_convolution = True
-        out = _dynamic_shape_placeholder(func, args, kwargs) if args and _is_fake_arg(args[0]) else None
+        dynamic = func in _DYNAMIC_SHAPE and args and _is_fake_arg(args[0])
+        out = _dynamic_shape_placeholder(func, args, kwargs) if dynamic else None
         if out is None:
             out = func(*args, **kwargs)
         if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage) and args[1] not in self._index_of:
@@ -190,12 +206,10 @@ class StorageTracer(TorchDispatchMode):
         if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor):
             source = self._index_of.get(args[0].untyped_storage())
             autocast_copy = source is not None and source in self._parameter_storages and self.region == "forward"
-        flat, _ = tree_flatten(out)
-        for t in flat:
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                if storage not in self._index_of and storage not in self._external:
-                    self._register(storage, autocast_copy)
+        for t in _output_tensors(out):
+            storage = t.untyped_storage()
+            if storage not in self._index_of and storage not in self._external:
+                self._register(storage, autocast_copy)
         return out
 
 
