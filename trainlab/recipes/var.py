@@ -92,6 +92,7 @@ from trainlab.models.var.vqvae import VQVAE
 from trainlab.optim.config import OptimConfig
 from trainlab.optim.param_groups import param_groups
 from trainlab.recipes.var_progressive import ProgressiveSchedule
+from trainlab.user_files import weights_needed
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +342,8 @@ class VARRecipe(Recipe[VARTrainConfig]):
             unwrap=weights_in_checkpoint(TOKENIZER_MODEL),
         )
         _check_tokenizer(c, tokenizer)
-        self.tokenizer_hash = tokenizer_sha256(tokenizer)
+        # the planner builds for shapes only: no weight value to hash (and hashing fake tensors costs ~1 s a build)
+        self.tokenizer_hash = tokenizer_sha256(tokenizer) if weights_needed() else ""
         # NHWC convolutions and SDPA in the encoder's attention: the same tokens, ~1.3x faster encoding on CPU
         tokenizer.optimize_for_inference()
         var = VAR(var_model_config(c, tokenizer.cfg.z_channels))
