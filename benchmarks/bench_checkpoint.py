@@ -8,8 +8,8 @@ Each case is `torchrun --nproc-per-node 2 -m trainlab train toy` (gloo, CPU) of 
 x `--hidden`, AdamW: parameters and two optimizer states), `--max-steps` steps, run twice per round: saving after
 every step (`--checkpoint-every 1`) and saving only at the end. A save's cost to the run = (the run's wall time with a
 save per step - without) / steps; the rounds alternate the cases. Also recorded: rank 0's peak resident-memory growth
-over the training loop (`cpu_peak_rss_growth_bytes` of the run's summary, the saving run's), and the size of one
-checkpoint on disk.
+over the training loop (`cpu_peak_rss_growth_bytes` of each run's summary) and what the saves add to it (the saving
+run's minus the other's), and the size of one checkpoint on disk.
 
 Cases: `ddp` (whole file, written in the step), `ddp-async` (whole file, written in the background), `fsdp` (sharded
 folder, written in the step), `fsdp-async` (sharded folder, in the background).
@@ -110,12 +110,14 @@ def main() -> None:
                 saving, plain = Path(work) / f"{case}-{round_index}-saving", Path(work) / f"{case}-{round_index}-plain"
                 with_saves = _run(args, CASES[case], 1, saving)
                 without = _run(args, CASES[case], 0, plain)
-                _, summary = run_metrics(saving)
+                growth = [run_metrics(run)[1].get("cpu_peak_rss_growth_bytes") or 0 for run in (saving, plain)]
                 entry = {
                     "seconds_saving_every_step": with_saves,
                     "seconds_saving_at_the_end": without,
                     "seconds_per_save": (with_saves - without) / args.steps,
-                    "rank0_peak_rss_growth_bytes": summary.get("cpu_peak_rss_growth_bytes"),
+                    "rank0_peak_rss_growth_bytes": growth[0],
+                    "rank0_peak_rss_growth_bytes_saving_at_the_end": growth[1],
+                    "rank0_save_rss_bytes": growth[0] - growth[1],
                     "checkpoint_bytes": _checkpoint_bytes(saving),
                 }
                 per_round[case].append(entry)
@@ -125,15 +127,16 @@ def main() -> None:
         result["cases"][case] = {
             "rounds": entries,
             "median_seconds_per_save": statistics.median(e["seconds_per_save"] for e in entries),
-            "median_rank0_peak_rss_growth_bytes": statistics.median(
-                e["rank0_peak_rss_growth_bytes"] or 0 for e in entries
-            ),
+            "median_rank0_peak_rss_growth_bytes": statistics.median(e["rank0_peak_rss_growth_bytes"] for e in entries),
+            "median_rank0_save_rss_bytes": statistics.median(e["rank0_save_rss_bytes"] for e in entries),
             "checkpoint_bytes": entries[-1]["checkpoint_bytes"],
         }
-    print("case        s/save  rank-0 peak RSS growth  checkpoint")
+    print("case        s/save  rank-0 peak RSS growth  of it the saves  checkpoint")
     for case, row in result["cases"].items():
-        growth_mib, size_mib = row["median_rank0_peak_rss_growth_bytes"] / 2**20, row["checkpoint_bytes"] / 2**20
-        print(f"{case:10s} {row['median_seconds_per_save']:7.3f}  {growth_mib:10.0f} MiB  {size_mib:8.0f} MiB")
+        growth, saves = row["median_rank0_peak_rss_growth_bytes"] / 2**20, row["median_rank0_save_rss_bytes"] / 2**20
+        size = row["checkpoint_bytes"] / 2**20
+        seconds = row["median_seconds_per_save"]
+        print(f"{case:10s} {seconds:7.3f}  {growth:10.0f} MiB  {saves:12.0f} MiB  {size:6.0f} MiB")
     write_result(result_path(args.json, "checkpoint", args.label), result)
 
 
