@@ -31,6 +31,8 @@ from typing import Any
 
 from _env import environment, result_path, run_metrics, settings, write_result
 
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+TRAIN_TOY = ["-m", "trainlab", "train", "toy"]
 CASES: dict[str, list[str]] = {
     "ddp": [],
     "ddp-async": ["--async-checkpoint"],
@@ -43,15 +45,8 @@ def _run(args: argparse.Namespace, extra: list[str], every: int, run_dir: Path) 
     """Wall seconds of one 2-process run (start-up included: the same in both runs of a pair)."""
     command = [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "trainlab",
-        "train",
-        "toy",
+        *TORCHRUN,
+        *TRAIN_TOY,
         "--num-samples",
         str(args.batch_size * args.steps),
         "--batch-size",
