@@ -269,7 +269,8 @@ def test_chaos_under_fsdp_ends_with_the_uninterrupted_weights(
 def test_toy_checkpoint_of_two_processes_resumes_sharded_in_four(
     tmp_path: Path, python: str, run_env: dict[str, str]
 ) -> None:
-    """2 -> 4: the shards are cut anew from the whole tensors; the data order continues (global batch 16)."""
+    """2 -> 4: each of 4 ranks reads its new shards from the 2 ranks' folder; the data order continues (global batch
+    16)."""
     one, moved = tmp_path / "one", tmp_path / "moved"
     _train(python, run_env, "toy", one, 1, **TOY)
     _train(python, run_env, "toy", moved, 2, **TOY, stop_at_step=5)

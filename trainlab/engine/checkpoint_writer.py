@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,7 +92,7 @@ class CheckpointWriter:
 
     def _commit_file(self, state: dict[str, Any], is_best: bool) -> None:
         self.store.save(state, is_best=is_best)
-        log.info("saved %s (step %d%s)", self.store.last, state["step"], ", best" if is_best else "")
+        log.info("saved %s (step %d%s)", self.store.last, state["step"], _best(is_best))
 
     def _write_sharded(self, state: dict[str, Any], is_best: bool) -> None:
         folder = self.store.temp_folder(int(state["step"]))
@@ -122,7 +123,7 @@ def _best(is_best: bool) -> str:
     return ", best" if is_best else ""
 
 
-def _translated(work: Callable[[], Any], folder: Any, needed: int) -> Any:
+def _translated(work: Callable[[], Any], folder: Path, needed: int) -> Any:
     """`work` (a sharded write), its failure for want of disk space or permission as the one-line `UsageError`."""
     try:
         return work()

@@ -24,7 +24,6 @@ the lowest rank holding it: rank 0's, as in a whole-tensor checkpoint.
 
 from __future__ import annotations
 
-import os
 import pickle
 import warnings
 from collections.abc import Mapping
@@ -142,9 +141,7 @@ def is_sharded_index(state: Mapping[str, Any]) -> bool:
 
 
 def folder_of(state: Mapping[str, Any], path: Path) -> Path:
-    """The DCP folder of the index `state`, read from `path` (the index file, or the folder itself)."""
-    if path.is_dir():
-        return path
+    """The DCP folder of the index `state` read from the file `path` (`index_path`: a folder's own index names ".")."""
     return path.parent / str(state[SHARDS])
 
 
@@ -269,17 +266,7 @@ def load_into(
     state: models', averaged copies' and optimizers' state dicts, DTensors under --fsdp), each rank reading the parts
     its tensors hold. Returns `index` with the loaded tensors in place of the meta ones: pass its entries to
     `load_state_dict` as for a whole-tensor checkpoint. Collective when a process group is given."""
-    wanted = {key: index[key] for key in SHARDED_KEYS if key in index}
-    targets = {key: _targets(value, live.get(key)) for key, value in wanted.items()}
-    targets = {key: value for key, value in targets.items() if value}
-    if targets:
-        dcp.load(
-            targets,
-            storage_reader=SafeReader(folder),
-            process_group=group,
-            no_dist=_single(group),
-        )
-    return {**index, **{key: _merge(wanted[key], targets.get(key, {})) for key in wanted}}
+    return _read(index, folder, live, SHARDED_KEYS, group, no_dist=_single(group))
 
 
 def read_whole(index: Mapping[str, Any], folder: Path, keys: tuple[str, ...] = SHARDED_KEYS) -> dict[str, Any]:
@@ -289,16 +276,28 @@ def read_whole(index: Mapping[str, Any], folder: Path, keys: tuple[str, ...] = S
     Raises:
         UsageError: the folder cannot be read.
     """
-    wanted = {key: index[key] for key in keys if key in index}
-    targets = {key: _targets(value, None) for key, value in wanted.items()}
-    targets = {key: value for key, value in targets.items() if value}
     try:
-        if targets:
-            dcp.load(targets, storage_reader=SafeReader(folder), no_dist=True)
+        return _read(index, folder, {}, keys, None, no_dist=True)
     except READ_ERRORS as err:
         raise UsageError(
             f"cannot read the checkpoint folder {folder} ({reason(err)}); pass a finished checkpoint"
         ) from None
+
+
+def _read(
+    index: Mapping[str, Any],
+    folder: Path,
+    live: Mapping[str, Any],
+    keys: tuple[str, ...],
+    group: ProcessGroup | None,
+    *,
+    no_dist: bool,
+) -> dict[str, Any]:
+    wanted = {key: index[key] for key in keys if key in index}
+    targets = {key: _targets(value, live.get(key)) for key, value in wanted.items()}
+    targets = {key: value for key, value in targets.items() if value}
+    if targets:
+        dcp.load(targets, storage_reader=SafeReader(folder), process_group=group, no_dist=no_dist)
     return {**index, **{key: _merge(wanted[key], targets.get(key, {})) for key in wanted}}
 
 
@@ -311,12 +310,3 @@ def local_bytes(tensors: Any) -> int:
     if isinstance(tensors, Mapping):
         return sum(local_bytes(v) for v in tensors.values())
     return 0
-
-
-def fsync_tree(folder: Path) -> None:
-    """fsync `folder`'s entries (the files DCP wrote are fsynced by it) so that its rename survives a crash."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
