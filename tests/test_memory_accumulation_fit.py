@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from trainlab.engine.debug import debug_run_config
-from trainlab.memory.accumulation_fit import first_micro_batch_only
+from trainlab.memory.accumulation_fit import first_micro_batch_only, second_micro_batches_repeat_first
 from trainlab.memory.batch_fit import _same_structure
 from trainlab.memory.breakdown import breakdown
 from trainlab.memory.gpus import GpuProfile
@@ -75,10 +75,28 @@ def test_what_does_not_pair_up_gives_no_derived_trace() -> None:
     assert first_micro_batch_only(_run(events, [4], [(0, 1, 2)])) is None
 
 
+def test_a_second_micro_batch_may_allocate_less_than_the_first_but_nothing_else() -> None:
+    # step: first micro-batch allocates 4, 8 and a 16-byte gradient copy; the second 4 and 8 (accumulated in place)
+    events = [(1, 0), (1, 1), (1, 2), (-1, 0), (-1, 1), (1, 3), (1, 4), (-1, 3), (-1, 4), (-1, 2)]
+    windows = [(0, 5, 9)]
+    low = _run(events, [4, 8, 16, 4, 8], windows)
+    high = dataclasses.replace(_run(events, [8, 16, 16, 8, 16], windows), micro_batch=8)
+    assert second_micro_batches_repeat_first(low, high)
+    other = dataclasses.replace(_run(events, [8, 16, 16, 8, 32], windows), micro_batch=8)  # 32: not the first's
+    assert not second_micro_batches_repeat_first(low, other)
+    # matched in other places at the other micro-batch: not the same storages
+    moved = dataclasses.replace(_run(events, [8, 16, 8, 8, 16], windows), micro_batch=8)
+    shifted = dataclasses.replace(_run(events, [8, 8, 16, 8, 16], windows), micro_batch=8)
+    assert second_micro_batches_repeat_first(low, moved)
+    assert not second_micro_batches_repeat_first(low, shifted)
+
+
 def _plans(recipe: Any, gpu: GpuProfile, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """The plan as it is, and with both shortcuts off (every fit checked by a trace at its own accumulation)."""
     fast = plan(recipe, PlanRequest(device="cpu", gpu=gpu, gpus=2))
     with monkeypatch.context() as m:
         m.setattr(_Tracer, "_fit_from_accumulation_2", lambda self: None)
+        m.setattr(_Tracer, "_fit_checked_at_accumulation_1", lambda self, low, high: None)
         slow = plan(recipe, PlanRequest(device="cpu", gpu=gpu, gpus=2))
     return fast, slow
 

@@ -122,6 +122,19 @@ def test_the_search_starts_at_the_smallest_micro_batch_the_model_trains_on() -> 
     assert min(calls) == 2
 
 
+@pytest.mark.parametrize(("capacity", "expected"), [(350, 3), (250, 2), (150, 1), (50, 0)])
+def test_the_smallest_micro_batch_is_traced_only_when_the_next_does_not_fit(capacity: int, expected: int) -> None:
+    """Micro-batch 1 is traced for real (outside the fit): where 2 fits, 1 does too, and is not traced."""
+    calls: list[int] = []
+
+    def total_at(m: int) -> int:
+        calls.append(m)
+        return 100 * m
+
+    assert largest_fitting(total_at, capacity, 16) == expected
+    assert (1 in calls) == (expected < 2)
+
+
 def test_a_batchnorm_model_on_a_tiny_gpu_is_planned_down_to_micro_batch_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

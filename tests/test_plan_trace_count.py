@@ -1,4 +1,5 @@
-"""The planner traces no more than it needs: a trace it already holds checks the micro-batch fit."""
+"""The planner traces no more than it needs: a trace it already holds checks the micro-batch fit, and a first forward
+finds the smallest micro-batch."""
 
 from __future__ import annotations
 
@@ -11,11 +12,29 @@ from trainlab.memory.trace import trace_training
 from trainlab.recipes.toy import ToyRecipe
 
 
-def test_the_smallest_micro_batch_trace_checks_the_fit() -> None:
-    recipe = ToyRecipe(dataclasses.replace(debug_run_config(ToyRecipe(ToyRecipe.config_class())), batch_size=64))
-    tracer = _Tracer(recipe, "cuda")
+def _toy() -> ToyRecipe:
+    return ToyRecipe(dataclasses.replace(debug_run_config(ToyRecipe(ToyRecipe.config_class())), batch_size=64))
+
+
+def test_the_smallest_micro_batch_is_found_without_a_trace() -> None:
+    tracer = _Tracer(_toy(), "cuda")
     assert smallest_micro_batch(tracer) == 1
+    assert tracer.traced == 0  # the first forward at micro-batch 1 only
+
+
+def test_the_configured_trace_at_accumulation_1_checks_the_fit_at_accumulation_2() -> None:
+    recipe = _toy()
+    tracer = _Tracer(recipe, "cuda")
+    tracer(32, 1, count_flops=True)  # the plan's first trace: the configured run
     fitted = tracer(13, 2)
-    assert tracer.traced == 3  # micro-batch 1, then the fit's two points; no check trace of its own
-    assert tracer.fits[2] is not None
+    assert tracer.traced == 3  # then the fit's two points; no check trace of its own
+    assert tracer.fits[2] is not None and tracer.fits[1] is not None
     assert fitted == breakdown(trace_training(recipe, device="cuda", micro_batch=13, grad_accumulation=2))
+    assert tracer(24, 1) == breakdown(trace_training(recipe, device="cuda", micro_batch=24, grad_accumulation=1))
+    assert tracer.traced == 3
+
+
+def test_without_a_trace_at_accumulation_1_the_fit_traces_its_own_check() -> None:
+    tracer = _Tracer(_toy(), "cuda")
+    tracer(13, 2)
+    assert tracer.traced == 3 and tracer.fits[2] is not None

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+AUTO_WORKERS_FROM_SECONDS = 1.0  # --workers 0: worker processes pay (~3 s to start) when a trace takes seconds
+
 USAGE = (
     "usage: trainlab plan RECIPE [--gpu NAME|GiB|all|A,B] [--gpus N] [--price NAME=USD_PER_HOUR ...] "
     "[--dataset-size N] [--json] [flags of `trainlab train RECIPE`]"
@@ -61,6 +63,13 @@ class PlanOptions:
         0,
         "training samples, for the run time when the data is not on this machine (0: the recipe's data where it "
         "can be counted without reading it)",
+        metavar="N",
+        ge=0,
+    )
+    workers: int = option(
+        0,
+        "processes tracing at once the configurations a plan with --gpu needs (0: one per core, at most 4, where a "
+        "trace is slow enough to gain: the first forward took over a second; 1: all in this process)",
         metavar="N",
         ge=0,
     )
@@ -213,6 +222,7 @@ def main(argv: list[str]) -> int:
 
     from trainlab.engine.device import parse_device
     from trainlab.memory.planner import PlanRequest, plan
+    from trainlab.memory.trace_workers import auto_workers
 
     device_type = parse_device(config.device).type if config.device != "auto" else "cuda"
     if device_type not in ("cpu", "cuda"):
@@ -232,6 +242,8 @@ def main(argv: list[str]) -> int:
         candidates=candidates,
         prices=checked_prices(prices, (gpu,) if gpu is not None else candidates),
         dataset_size=options.dataset_size or None,
+        workers=options.workers or auto_workers(),
+        workers_from_seconds=AUTO_WORKERS_FROM_SECONDS if options.workers == 0 else 0.0,
     )
     result = plan(recipe, request)
     hand = _hand(recipe, result)

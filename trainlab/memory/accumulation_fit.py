@@ -9,7 +9,9 @@ replacement's free and its label. What does not pair up one to one with equal by
 
 The planner uses the derived traces only as the two points of the micro-batch fit (`memory.batch_fit`), checked byte
 for byte against a real trace at accumulation 1: where the derivation is wrong the check fails, and the planner traces
-accumulation 1 itself.
+accumulation 1 itself. The same check covers the fit at accumulation 2 where each step's second micro-batch allocates
+what its first one did, in the same order and bytes (`second_micro_batches_repeat_first`): every record of the
+accumulation-2 trace is then either in the derived trace or of the bytes of one that is.
 """
 
 from __future__ import annotations
@@ -90,3 +92,40 @@ def first_micro_batch_only(run: TracedRun) -> TracedRun | None:
         micro_steps_ends=[moved(p) for p in trace.micro_steps_ends],
     )
     return dataclasses.replace(run, trace=derived, grad_accumulation=1, flops=None)
+
+
+def second_micro_batches_repeat_first(low: TracedRun, high: TracedRun) -> bool:
+    """Whether, in every step of `low` and `high` (accumulation 2, the same structure at two micro-batches), what the
+    second micro-batch allocates is what its first one allocated, in the same order and bytes, less what the first
+    one allocates only because its gradients are new (a gradient autograd cannot keep is copied once): the same
+    forward and backward, the second's gradients accumulated into the first's. Matched in the same places in both,
+    each storage of a second micro-batch then has the bytes of one of the first micro-batch at both micro-batches."""
+    matches = [_second_in_first(run) for run in (low, high)]
+    return matches[0] is not None and matches[0] == matches[1]
+
+
+def _second_in_first(run: TracedRun) -> list[list[int]] | None:
+    """Per step, the position among the first micro-batch's allocations that each of the second's matches (in order,
+    by bytes), or None where the second's are not a subsequence of the first's."""
+    trace = run.trace
+    windows = _windows(trace) if run.grad_accumulation == 2 else None
+    if windows is None:
+        return None
+    starts = trace.micro_step_starts
+
+    def born(a: int, b: int) -> list[int]:
+        return [trace.records[index].nbytes for kind, index in trace.events[a:b] if kind > 0]
+
+    matches: list[list[int]] = []
+    for s, (a, b) in enumerate(windows):
+        first, positions = born(starts[2 * s], a), []
+        position = 0
+        for nbytes in born(a, b):
+            while position < len(first) and first[position] != nbytes:
+                position += 1
+            if position == len(first):
+                return None
+            positions.append(position)
+            position += 1
+        matches.append(positions)
+    return matches

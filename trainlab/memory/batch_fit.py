@@ -50,8 +50,22 @@ def _same_structure(a: TracedRun, b: TracedRun) -> bool:
 def fit_micro_batch(low: TracedRun, high: TracedRun, check: TracedRun) -> FittedRun | None:
     """The trace at any micro-batch, fitted through `low` and `high` (same accumulation, different micro-batches),
     or None when the structures differ or the fit does not give `check`'s bytes exactly."""
+    if not _same_structure(low, check):
+        return None
+    at = affine_through(low, high)
+    if at is None:
+        return None
+    predicted = at(check.micro_batch).trace.records
+    if any(p.nbytes != r.nbytes for p, r in zip(predicted, check.trace.records, strict=True)):
+        return None
+    return at
+
+
+def affine_through(low: TracedRun, high: TracedRun) -> FittedRun | None:
+    """The affine fit through `low` and `high` unchecked (the caller checks it some other way), or None when the
+    structures differ or a storage's bytes do not change by a whole number per sample."""
     m1, m2 = low.micro_batch, high.micro_batch
-    if m1 == m2 or not _same_structure(low, high) or not _same_structure(low, check):
+    if m1 == m2 or not _same_structure(low, high):
         return None
     slopes: list[int] = []
     for ra, rb in zip(low.trace.records, high.trace.records, strict=True):
@@ -61,14 +75,8 @@ def fit_micro_batch(low: TracedRun, high: TracedRun, check: TracedRun) -> Fitted
         slopes.append(delta // (m2 - m1))
 
     def at(micro_batch: int) -> TracedRun:
-        records = [
-            dataclasses.replace(r, nbytes=r.nbytes + slope * (micro_batch - m1))
-            for r, slope in zip(low.trace.records, slopes, strict=True)
-        ]
+        records = [r.with_bytes(r.nbytes + slope * (micro_batch - m1)) for r, slope in zip(low.trace.records, slopes)]
         trace = dataclasses.replace(low.trace, records=records)
         return dataclasses.replace(low, trace=trace, micro_batch=micro_batch, flops=None)
 
-    predicted = at(check.micro_batch).trace.records
-    if any(p.nbytes != r.nbytes for p, r in zip(predicted, check.trace.records, strict=True)):
-        return None
     return at

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +25,8 @@ from typing import Any
 from trainlab.engine.recipe import Recipe
 from trainlab.engine.sampler import micro_batch_size
 from trainlab.errors import UsageError
-from trainlab.memory.accumulation_fit import first_micro_batch_only
-from trainlab.memory.batch_fit import FittedRun, fit_micro_batch
+from trainlab.memory.accumulation_fit import first_micro_batch_only, second_micro_batches_repeat_first
+from trainlab.memory.batch_fit import FittedRun, affine_through, fit_micro_batch
 from trainlab.memory.breakdown import Breakdown, breakdown
 from trainlab.memory.flop_counter import StepFlops
 from trainlab.memory.flops import compute_name
@@ -34,7 +35,8 @@ from trainlab.memory.gpus import GpuProfile
 from trainlab.memory.log_once import each_message_once
 from trainlab.memory.moco_keys import accumulation_lever_effect, moco_plan_notes
 from trainlab.memory.run_cost import DataRate, RunCost, known_dataset_size, run_cost, stored_data_rate
-from trainlab.memory.trace import PlanDevice, TracedRun, trace_training
+from trainlab.memory.trace import PlanDevice, TracedRun, first_forward
+from trainlab.memory.trace_workers import TraceJob, TraceWorkers, trace_job
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,10 @@ class PlanRequest:
     counts: tuple[int, ...] = (1, 2, 4, 8)  # GPU counts of the table
     prices: dict[str, float] = field(default_factory=dict)  # --price NAME=USD_PER_HOUR
     dataset_size: int | None = None  # training samples (None: unknown, no run time)
+    # processes tracing the configurations known ahead at once (`memory.trace_workers`; a script calling `plan` with
+    # workers > 1 needs the `if __name__ == "__main__":` guard of any multiprocessing program)
+    workers: int = 1
+    workers_from_seconds: float = 0.0  # ... only when the first forward took this long (a trace is ~5-10 x that)
 
 
 @dataclass
@@ -148,7 +154,9 @@ class _Tracer:
     traced once per accumulation at `FIT_POINTS` and checked against a third trace before it is used: one already
     traced at that accumulation where there is one (the smallest micro-batch's, when it agrees), else `FIT_CHECK`.
     The fit at accumulation 1 first tries the fit points already traced at accumulation 2, cut to their first
-    micro-batch (`memory.accumulation_fit`), checked against a real trace at accumulation 1."""
+    micro-batch (`memory.accumulation_fit`), checked against a real trace at accumulation 1; that check also stands
+    for the fit at accumulation 2 where the second micro-batches repeat the first ones, so with the configured run
+    traced at accumulation 1 (the plan's first trace) both fits cost two traces."""
 
     FIT_POINTS = (4, 8)
     FIT_CHECK = 6
@@ -161,6 +169,8 @@ class _Tracer:
         self.fits: dict[int, FittedRun | None] = {}  # accumulation -> fit (None: it does not hold)
         self.flops: dict[tuple[int, int], StepFlops] = {}
         self.traced = 0
+        self.smallest: int | None = None  # `smallest_micro_batch`'s answer
+        self.workers: TraceWorkers | None = None  # traces started ahead (`start_workers`)
 
     def __call__(
         self,
@@ -179,6 +189,10 @@ class _Tracer:
             self.cache.pop(key, None)
         if key in self.cache:
             return self.cache[key]
+        held = self.runs.get((micro_batch, accumulation)) if configured else None
+        if held is not None and (not count_flops or held.flops is not None):
+            self.cache[key] = breakdown(held)
+            return self.cache[key]
         fit = self._fit(accumulation) if configured and micro_batch >= self.FIT_FROM and not count_flops else None
         if fit is not None:
             self.cache[key] = breakdown(fit(micro_batch))
@@ -192,18 +206,11 @@ class _Tracer:
     def _trace(
         self, micro_batch: int, accumulation: int, precision: str, checkpointing: bool, count_flops: bool
     ) -> TracedRun:
-        cfg = self.recipe.config
-        recipe = self.recipe
-        if precision != cfg.precision or checkpointing != cfg.activation_checkpointing:
-            config = dataclasses.replace(cfg, precision=precision, activation_checkpointing=checkpointing)
-            recipe = type(recipe)(config)
-        run = trace_training(
-            recipe,
-            device=self.device,
-            micro_batch=micro_batch,
-            grad_accumulation=accumulation,
-            count_flops=count_flops,
-        )
+        job = TraceJob(micro_batch, accumulation, precision, checkpointing, count_flops)
+        if self.workers is not None and self.workers.has(job):
+            run = self.workers.take(job)
+        else:
+            run = trace_job(self.recipe, self.device, job)
         self.traced += 1
         if run.flops is not None:
             self.flops[(micro_batch, accumulation)] = run.flops
@@ -216,12 +223,38 @@ class _Tracer:
         )
         return run
 
+    def _started(self, job: TraceJob) -> bool:
+        return self.workers is not None and self.workers.has(job)
+
+    def start_workers(self, jobs: list[TraceJob], workers: int) -> None:
+        """Trace `jobs` ahead, in `workers` processes (`memory.trace_workers`); later calls take them."""
+        self.workers = TraceWorkers(self.recipe, self.device, jobs, workers)
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
     def _configured_run(self, micro_batch: int, accumulation: int) -> TracedRun:
         if (micro_batch, accumulation) not in self.runs:
             cfg = self.recipe.config
-            run = self._trace(micro_batch, accumulation, cfg.precision, cfg.activation_checkpointing, False)
+            with_flops = TraceJob(micro_batch, accumulation, cfg.precision, cfg.activation_checkpointing, True)
+            run = self._trace(
+                micro_batch, accumulation, cfg.precision, cfg.activation_checkpointing, self._started(with_flops)
+            )
             self.runs[(micro_batch, accumulation)] = run
         return self.runs[(micro_batch, accumulation)]
+
+    def _held(self, accumulation: int) -> list[int]:
+        """Micro-batches of the configured precision and checkpointing traced (or started) at `accumulation`."""
+        cfg = self.recipe.config
+        started = [] if self.workers is None else self.workers.started()
+        return [m for (m, k) in self.runs if k == accumulation] + [
+            job.micro_batch
+            for job in started
+            if (job.grad_accumulation, job.precision, job.checkpointing)
+            == (accumulation, cfg.precision, cfg.activation_checkpointing)
+        ]
 
     def _fit(self, accumulation: int) -> FittedRun | None:
         if accumulation not in self.fits:
@@ -231,6 +264,11 @@ class _Tracer:
                 log.debug("micro-batch fit at accumulation 1: derived from accumulation 2, holds")
                 return fit
             low, high = (self._configured_run(m, accumulation) for m in self.FIT_POINTS)
+            fit = self._fit_checked_at_accumulation_1(low, high) if accumulation == 2 else None
+            if fit is not None:
+                self.fits[accumulation] = fit
+                log.debug("micro-batch fit at accumulation 2: holds (checked at accumulation 1)")
+                return fit
             others = [m for (m, k) in self.runs if k == accumulation and m not in self.FIT_POINTS]
             larger = [m for m in others if m >= self.FIT_FROM]
             if not larger and others:  # a trace below `FIT_FROM` (the smallest micro-batch's) checks it when it can
@@ -246,18 +284,36 @@ class _Tracer:
             )
         return self.fits[accumulation]
 
+    def _fit_checked_at_accumulation_1(self, low: TracedRun, high: TracedRun) -> FittedRun | None:
+        """The fit at accumulation 2 through `low` and `high` without a third trace: where their first micro-batches
+        give the fit at accumulation 1 that a trace already held at accumulation 1 confirms (that fit is kept), and
+        each step's second micro-batch allocates what its first one did (`memory.accumulation_fit`). None otherwise."""
+        held = [m for m in self._held(1) if m >= self.FIT_FROM and m not in self.FIT_POINTS]
+        if not held or (1 in self.fits and self.fits[1] is None) or not second_micro_batches_repeat_first(low, high):
+            return None
+        derived = [first_micro_batch_only(r) for r in (low, high)]
+        if derived[0] is None or derived[1] is None:
+            return None
+        at_1 = fit_micro_batch(derived[0], derived[1], self._configured_run(max(held), 1))
+        if at_1 is None:
+            return None
+        self.fits.setdefault(1, at_1)
+        return affine_through(low, high)
+
     def _fit_from_accumulation_2(self) -> FittedRun | None:
         """The fit at accumulation 1 through the fit points already traced at accumulation 2, each cut to its first
         micro-batch (`memory.accumulation_fit`), checked against a real trace at accumulation 1: the configured one
         where there is one, else one at `FIT_CHECK` (which the fallback then uses as its check). None where the
         accumulation-2 points are not traced yet or the derived fit does not give the check's bytes."""
-        if any((m, 2) not in self.runs for m in self.FIT_POINTS):
+        cfg = self.recipe.config
+        started = [TraceJob(m, 2, cfg.precision, cfg.activation_checkpointing, False) for m in self.FIT_POINTS]
+        if any((m, 2) not in self.runs and not self._started(job) for m, job in zip(self.FIT_POINTS, started)):
             return None
-        derived = [first_micro_batch_only(self.runs[(m, 2)]) for m in self.FIT_POINTS]
+        derived = [first_micro_batch_only(self._configured_run(m, 2)) for m in self.FIT_POINTS]
         low, high = derived
         if low is None or high is None:
             return None
-        larger = [m for (m, k) in self.runs if k == 1 and m >= self.FIT_FROM and m not in self.FIT_POINTS]
+        larger = [m for m in self._held(1) if m >= self.FIT_FROM and m not in self.FIT_POINTS]
         check = self._configured_run(max(larger) if larger else self.FIT_CHECK, 1)
         return fit_micro_batch(low, high, check)
 
@@ -276,16 +332,47 @@ def _checkpointing_supported(tracer: _Tracer) -> bool:
 
 def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
     """Trace the configured run and answer the planning questions (see the module docstring)."""
+    tracer = _Tracer(recipe, request.device)
     with each_message_once():
-        return _plan(recipe, request)
+        try:
+            return _plan(recipe, request, tracer)
+        finally:
+            tracer.close()
 
 
-def _plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
+def _known_jobs(cfg: Any, micro: int, searching: bool) -> list[TraceJob]:
+    """The configurations a plan with a GPU traces whatever it finds, the longest first: the fit's two points (at
+    accumulation 2), the configured run (with its FLOPs), and the levers' runs at the configured micro-batch
+    (activation checkpointing, bf16 for an fp32 run) when the plan searches. The planner's own process waits: with
+    as many workers as cores, one more tracing process would only share a core."""
+    precision, checkpointing, accumulation = cfg.precision, cfg.activation_checkpointing, cfg.grad_accumulation
+    jobs = [
+        TraceJob(m, 2, precision, checkpointing, count_flops=False)
+        for m in _Tracer.FIT_POINTS
+        if (m, 2) != (micro, accumulation)
+    ]
+    jobs.append(TraceJob(micro, accumulation, precision, checkpointing, count_flops=True))
+    if searching and not checkpointing:
+        jobs.append(TraceJob(micro, accumulation, precision, True, count_flops=False))
+    if searching and precision == "fp32":
+        jobs.append(TraceJob(micro, accumulation, "bf16-amp", checkpointing, count_flops=False))
+    return jobs
+
+
+def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
     cfg = recipe.config
     if request.gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {request.gpus}")
     micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, request.gpus)
-    tracer = _Tracer(recipe, request.device)
+    searching = request.gpu is not None and request.search
+    if request.workers > 1 and (searching or request.candidates):
+        started = time.perf_counter()
+        smallest_micro_batch(tracer)  # here first: the recipe is built (and its facts logged) in this process once
+        jobs = _known_jobs(cfg, micro, searching)
+        if jobs and time.perf_counter() - started >= request.workers_from_seconds:
+            workers = min(request.workers, len(jobs))
+            log.info("tracing %d configurations in %d worker processes at once", len(jobs), workers)
+            tracer.start_workers(jobs, workers)
     sharding = FsdpPlanner(recipe, request.fsdp) if request.fsdp is not None and request.gpus > 1 else None
 
     def total(b: Breakdown, gpus: int = request.gpus) -> int:
@@ -387,8 +474,9 @@ MAX_MICRO_BATCH = 1 << 16  # the search's bound above the per-GPU batch
 
 
 def _candidates(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, plan: Plan) -> list[Candidate]:
-    """Every GPU of `request.candidates` x count of `request.counts` (dividing the global batch) that fits: its
-    largest micro-batch up to the per-GPU batch, the accumulation that keeps the global batch, time and cost.
+    """Every GPU of `request.candidates` x count of `request.counts` (dividing the global batch) that fits: the
+    largest micro-batch dividing the per-GPU batch that fits, the accumulation that keeps the global batch, time and
+    cost.
     Sorted by cost (then run time, step time); the cheapest and the fastest marked."""
     batch = recipe.config.batch_size
     rows: list[Candidate] = []
@@ -398,24 +486,10 @@ def _candidates(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, plan
                 continue
             per_gpu = batch // n
             at = _totals(tracer, request.device, gpu, n)
-
-            def total_at(m: int, at: Callable[[int, int], int] = at, per_gpu: int = per_gpu) -> int:
-                return at(m, 1 if m == per_gpu else 2)
-
-            m = largest_fitting(total_at, gpu.total_bytes, per_gpu, lower=plan.min_micro_batch)
-            if not m:
+            k = _smallest_fitting_accumulation(at, gpu.total_bytes, per_gpu, plan.min_micro_batch)
+            if k is None:
                 continue
-            # the allocator's segments make the total step-wise, not monotone: check the micro-batch that divides
-            # the per-GPU batch itself, and accumulate more where it does not fit
-            fitting = (
-                (k, total)
-                for k in range(smallest_accumulation(per_gpu, m), per_gpu + 1)
-                if per_gpu % k == 0 and (total := at(per_gpu // k, 1 if k == 1 else 2)) <= gpu.total_bytes
-            )
-            first = next(fitting, None)
-            if first is None:
-                continue
-            k, total = first
+            total = at(per_gpu // k, 1 if k == 1 else 2)
             cost = _cost(plan, request, gpu, n, per_gpu // k, k)
             rows.append(Candidate(gpu, n, per_gpu // k, k, total, gpu.total_bytes - total, cost))
 
@@ -436,6 +510,33 @@ def _candidates(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, plan
             timed[0].cheapest = True
         min(timed, key=lambda r: r.cost.step_seconds if r.cost else math.inf).fastest = True
     return rows
+
+
+def _smallest_fitting_accumulation(
+    at: Callable[[int, int], int], capacity: int, per_gpu: int, min_micro_batch: int
+) -> int | None:
+    """The smallest accumulation k dividing `per_gpu` whose micro-batch per_gpu / k fits (None: not even the smallest
+    micro-batch), bisected over those divisors only: every row of the table evaluates micro-batches from the same few,
+    so the GPUs and counts share their traces' replays."""
+    ks = [k for k in range(1, per_gpu + 1) if per_gpu % k == 0 and per_gpu // k >= min_micro_batch]
+
+    def fits(k: int) -> bool:
+        return at(per_gpu // k, 1 if k == 1 else 2) <= capacity
+
+    if len(ks) > 1 and fits(ks[-2]):  # then the smallest micro-batch (traced for real, not fitted) fits too
+        high = len(ks) - 2
+    elif ks and fits(ks[-1]):
+        return ks[-1]
+    else:
+        return None
+    low = 0  # ks[high] fits; the totals grow with the micro-batch
+    while low < high:
+        middle = (low + high) // 2
+        if fits(ks[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return ks[high]
 
 
 def gpus_needed(
@@ -558,9 +659,17 @@ def largest_fitting(
 
     if known_upper_fits or at(upper) <= capacity:
         return upper
-    if lower >= upper or at(lower) > capacity:
+    if lower >= upper:
         return 0
+    # the bracket's low end: lower + 1 where it fits (then lower does too, and the smallest micro-batch, which the
+    # planner traces for real, is not traced), else lower
     low, high = lower, upper  # at(low) <= capacity < at(high)
+    if lower + 1 < upper and at(lower + 1) <= capacity:
+        low = lower + 1
+    elif at(lower) > capacity:
+        return 0
+    elif lower + 1 < upper:
+        high = lower + 1
     bisect = False
     while high - low > 1:
         width = high - low
@@ -592,14 +701,20 @@ BATCHNORM_NEEDS_TWO = "Expected more than 1 value per channel when training"  # 
 
 
 def smallest_micro_batch(tracer: _Tracer) -> int:
-    """1, or 2 where the model holds a BatchNorm that refuses a batch of one in training (one value per channel)."""
+    """1, or 2 where the model holds a BatchNorm that refuses a batch of one in training (one value per channel): the
+    first forward at micro-batch 1 tells (`trace.first_forward`; a whole trace there is needed only if the search
+    goes down to 1)."""
+    if tracer.smallest is not None:
+        return tracer.smallest
     try:
-        tracer(1, 2)
+        first_forward(tracer.recipe, device=tracer.device, micro_batch=1, grad_accumulation=2)
     except ValueError as err:
         if BATCHNORM_NEEDS_TWO not in str(err):
             raise
-        return 2
-    return 1
+        tracer.smallest = 2
+    else:
+        tracer.smallest = 1
+    return tracer.smallest
 
 
 def _levers(

@@ -69,11 +69,16 @@ class TracedRun:
     flops: StepFlops | None = None  # the last traced optimizer step's (with `count_flops`)
 
 
+class _ForwardDone(Exception):
+    """The first micro-batch's forward has run (`first_forward` wants no more)."""
+
+
 class _RegionRecipe(Recipe[Any]):
     """Delegates to the real recipe and tells the tracer which part of the step is running."""
 
-    def __init__(self, inner: Recipe[Any], tracer: StorageTracer) -> None:  # no super().__init__: a pure proxy
-        self.inner, self.tracer = inner, tracer
+    def __init__(self, inner: Recipe[Any], tracer: StorageTracer, forward_only: bool = False) -> None:
+        # no super().__init__: a pure proxy
+        self.inner, self.tracer, self.forward_only = inner, tracer, forward_only
         self.config = inner.config
         self.name = inner.name
 
@@ -105,6 +110,8 @@ class _RegionRecipe(Recipe[Any]):
     def train_step(self, models: Mapping[str, nn.Module], batch: Batch, phase: str, info: StepInfo) -> dict[str, Any]:
         self.tracer.region = "forward"
         out = self.inner.train_step(models, batch, phase, info)
+        if self.forward_only:
+            raise _ForwardDone
         self.tracer.region = "backward"
         return out
 
@@ -146,6 +153,15 @@ def _use_foreach(optimizer: torch.optim.Optimizer) -> None:
             group["foreach"] = True
 
 
+def first_forward(recipe: Recipe[Any], *, device: PlanDevice, micro_batch: int, grad_accumulation: int) -> None:
+    """Set up the traced run and run its first micro-batch's forward only (the recipe's first pass included), for
+    what that raises at this micro-batch (BatchNorm refuses one value per channel) at a fraction of a trace's cost."""
+    try:
+        _traced_run(recipe, device, micro_batch, grad_accumulation, None, None, False, forward_only=True)
+    except _ForwardDone:
+        return
+
+
 def trace_training(
     recipe: Recipe[Any],
     *,
@@ -170,6 +186,19 @@ def trace_training(
     Returns:
         The trace, with parameters, gradients, optimizer states, frozen models and averaged copies labelled.
     """
+    return _traced_run(recipe, device, micro_batch, grad_accumulation, length, cuda_autocast, count_flops)
+
+
+def _traced_run(
+    recipe: Recipe[Any],
+    device: PlanDevice,
+    micro_batch: int,
+    grad_accumulation: int,
+    length: RunLength | None,
+    cuda_autocast: bool | None,
+    count_flops: bool,
+    forward_only: bool = False,
+) -> TracedRun:
     cfg = recipe.config
     precision = Precision.parse(cfg.precision)
     planned = length or planned_length(cfg.epochs, cfg.max_steps)
@@ -191,7 +220,9 @@ def trace_training(
         for phase in parts.phases:
             _hook_optimizer(tracer, phase.optimizer)
 
-    hooks = AssemblyHooks(place=place, after_build=after_build, step_recipe=lambda r: _RegionRecipe(r, tracer))
+    hooks = AssemblyHooks(
+        place=place, after_build=after_build, step_recipe=lambda r: _RegionRecipe(r, tracer, forward_only)
+    )
     counter = FlopCounter(tracer) if count_flops else None
     with (
         shapes_only(),

@@ -1,0 +1,105 @@
+"""The planner's independent traces side by side, one per worker process.
+
+A plan traces a few configurations whose list is known before the first one runs (the configured run, the two points
+of the micro-batch fit, the levers' runs); each trace is seconds of single-threaded Python on fake tensors, so on a
+machine with several cores they run at once. Workers come from a fork server (POSIX): a clean process that imports
+torch and trainlab once and forks a worker per process wanted; a plain fork of the planner's process would not do,
+because autograd refuses to run in a child forked after the parent has run a backward pass. Each job sends the
+recipe's class and config and gets back the `TracedRun` (a list of records and events): the same trace as in the
+planner's process, the same code on the same fake tensors, seeded the same way (`trace_training`). Where no fork
+server exists, or the recipe cannot be sent (a class defined where a worker cannot import it), the planner traces in
+its own process and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult, Pool
+from typing import Any
+
+from trainlab.engine.recipe import Recipe
+from trainlab.memory.trace import PlanDevice, TracedRun, trace_training
+
+log = logging.getLogger(__name__)
+
+MAX_WORKERS = 4  # planning is a few traces: more workers than that would sit idle
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One traced configuration: `trace_training` of the recipe with this precision and checkpointing."""
+
+    micro_batch: int
+    grad_accumulation: int
+    precision: str
+    checkpointing: bool
+    count_flops: bool
+
+
+def trace_job(recipe: Recipe[Any], device: PlanDevice, job: TraceJob) -> TracedRun:
+    """Trace `job` (the recipe rebuilt with the job's precision and checkpointing where they differ)."""
+    cfg = recipe.config
+    if job.precision != cfg.precision or job.checkpointing != cfg.activation_checkpointing:
+        config = dataclasses.replace(cfg, precision=job.precision, activation_checkpointing=job.checkpointing)
+        recipe = type(recipe)(config)
+    return trace_training(
+        recipe,
+        device=device,
+        micro_batch=job.micro_batch,
+        grad_accumulation=job.grad_accumulation,
+        count_flops=job.count_flops,
+    )
+
+
+def auto_workers() -> int:
+    """The cores this process may use, at most `MAX_WORKERS`; 1 where there is no fork server."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_WORKERS))
+
+
+def _run_sent(recipe_class: type[Recipe[Any]], config: Any, device: PlanDevice, job: TraceJob) -> TracedRun:
+    return trace_job(recipe_class(config), device, job)
+
+
+class TraceWorkers:
+    """Start `jobs` in `workers` processes; `take(job)` waits for one (raising what its trace raised)."""
+
+    def __init__(self, recipe: Recipe[Any], device: PlanDevice, jobs: Sequence[TraceJob], workers: int) -> None:
+        self._pool: Pool | None = None
+        self._pending: dict[TraceJob, AsyncResult[TracedRun]] = {}
+        sent = (type(recipe), recipe.config)
+        try:
+            pickle.dumps(sent)
+        except (pickle.PicklingError, AttributeError, TypeError) as err:
+            log.info("tracing in this process: the recipe cannot be sent to a worker (%s)", err)
+            return
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__, type(recipe).__module__])  # imported once, before the forks
+        self._pool = context.Pool(min(workers, len(jobs)))
+        self._pending = {job: self._pool.apply_async(_run_sent, (*sent, device, job)) for job in jobs}
+
+    def has(self, job: TraceJob) -> bool:
+        return job in self._pending
+
+    def started(self) -> list[TraceJob]:
+        """The jobs not taken yet."""
+        return list(self._pending)
+
+    def take(self, job: TraceJob) -> TracedRun:
+        return self._pending.pop(job).get()
+
+    def close(self) -> None:
+        """Stop the workers (a trace still running is abandoned)."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+        self._pending.clear()
