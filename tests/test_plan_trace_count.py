@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from trainlab.engine.debug import debug_run_config
 from trainlab.memory.breakdown import breakdown
 from trainlab.memory.planner import _Tracer, smallest_micro_batch
 from trainlab.memory.trace import trace_training
+from trainlab.recipes.moco import MocoRecipe
 from trainlab.recipes.toy import ToyRecipe
 
 
@@ -38,3 +41,16 @@ def test_without_a_trace_at_accumulation_1_the_fit_traces_its_own_check() -> Non
     tracer = _Tracer(_toy(), "cuda")
     tracer(13, 2)
     assert tracer.traced == 3 and tracer.fits[2] is not None
+
+
+@pytest.mark.slow  # about 20 s: MoCo traced ten times
+def test_a_quadratic_recipe_is_fitted_of_degree_2() -> None:
+    """MoCo's B x B logits refuse the affine fit: the fit of degree 2 takes one more trace, and every micro-batch."""
+    recipe = MocoRecipe(dataclasses.replace(debug_run_config(MocoRecipe(MocoRecipe.config_class())), batch_size=64))
+    tracer = _Tracer(recipe, "cuda")
+    tracer(32, 1, count_flops=True)
+    fitted = tracer(13, 2), tracer(24, 1)
+    assert tracer.fits[2] is not None and tracer.fits[1] is not None
+    assert tracer.traced == 8  # the configured run; at accumulation 2: 4, 8, the check 6, 12; at 1: 4, 8, 12
+    assert fitted[0] == breakdown(trace_training(recipe, device="cuda", micro_batch=13, grad_accumulation=2))
+    assert fitted[1] == breakdown(trace_training(recipe, device="cuda", micro_batch=24, grad_accumulation=1))

@@ -6,12 +6,18 @@ b = 0, activations a = 0. Two traces at micro-batches m1 < m2 with the same even
 per storage; a third trace checks the fit byte for byte before it is used, so a recipe where the fit does not hold
 (MoCo's B x B logits are quadratic; an op that allocates only at some sizes changes the events) is traced as before.
 A trace costs seconds on fake tensors; the fitted trace at another micro-batch costs a list of sizes.
+
+Where the affine fit fails, a storage's bytes may still be a polynomial of degree 2 in the micro-batch (MoCo's
+B x B logits, attention over the batch): `fit_quadratic` fits a + b m + c m^2 through three traces (integer
+coefficients, as a tensor's element count is a product of sizes affine in the micro-batch) and checks a fourth the
+same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from fractions import Fraction
 
 from trainlab.memory.trace import TracedRun
 
@@ -79,4 +85,35 @@ def affine_through(low: TracedRun, high: TracedRun) -> FittedRun | None:
         trace = dataclasses.replace(low.trace, records=records)
         return dataclasses.replace(low, trace=trace, micro_batch=micro_batch, flops=None)
 
+    return at
+
+
+def fit_quadratic(points: list[TracedRun], check: TracedRun) -> FittedRun | None:
+    """The trace at any micro-batch as a polynomial of degree 2 per storage through the three `points` (same
+    accumulation, different micro-batches), or None when the structures differ, a coefficient is not a whole number of
+    bytes, or the fit does not give `check`'s bytes exactly."""
+    first = points[0]
+    if len({p.micro_batch for p in points}) != 3 or not all(_same_structure(first, p) for p in [*points[1:], check]):
+        return None
+    (m0, m1, m2) = (p.micro_batch for p in points)
+    laws: list[tuple[int, int, int]] = []
+    for b0, b1, b2 in zip(*([r.nbytes for r in p.trace.records] for p in points), strict=True):
+        d01, d12 = Fraction(b1 - b0, m1 - m0), Fraction(b2 - b1, m2 - m1)
+        c = (d12 - d01) / (m2 - m0)
+        b = d01 - c * (m0 + m1)
+        a = b0 - b * m0 - c * m0 * m0
+        if any(x.denominator != 1 for x in (a, b, c)):
+            return None
+        laws.append((int(a), int(b), int(c)))
+
+    def at(micro_batch: int) -> TracedRun:
+        m = micro_batch
+        records = [r.with_bytes(a + b * m + c * m * m) for r, (a, b, c) in zip(first.trace.records, laws)]
+        return dataclasses.replace(
+            first, trace=dataclasses.replace(first.trace, records=records), micro_batch=m, flops=None
+        )
+
+    predicted = at(check.micro_batch).trace.records
+    if any(p.nbytes != r.nbytes for p, r in zip(predicted, check.trace.records, strict=True)):
+        return None
     return at

@@ -26,7 +26,7 @@ from trainlab.engine.recipe import Recipe
 from trainlab.engine.sampler import micro_batch_size
 from trainlab.errors import UsageError
 from trainlab.memory.accumulation_fit import first_micro_batch_only, second_micro_batches_repeat_first
-from trainlab.memory.batch_fit import FittedRun, affine_through, fit_micro_batch
+from trainlab.memory.batch_fit import FittedRun, affine_through, fit_micro_batch, fit_quadratic
 from trainlab.memory.breakdown import Breakdown, breakdown
 from trainlab.memory.flop_counter import StepFlops
 from trainlab.memory.flops import compute_name
@@ -156,10 +156,13 @@ class _Tracer:
     The fit at accumulation 1 first tries the fit points already traced at accumulation 2, cut to their first
     micro-batch (`memory.accumulation_fit`), checked against a real trace at accumulation 1; that check also stands
     for the fit at accumulation 2 where the second micro-batches repeat the first ones, so with the configured run
-    traced at accumulation 1 (the plan's first trace) both fits cost two traces."""
+    traced at accumulation 1 (the plan's first trace) both fits cost two traces. Where the affine fit fails, a fit of
+    degree 2 through its two points and its check (MoCo's B x B logits) is checked against one more trace
+    (`QUADRATIC_CHECKS`); where that fails too, every micro-batch is traced."""
 
     FIT_POINTS = (4, 8)
     FIT_CHECK = 6
+    QUADRATIC_CHECKS = (12, 16)  # the check of a fit of degree 2 (the first not among its points)
     FIT_FROM = 2
 
     def __init__(self, recipe: Recipe[Any], device: PlanDevice) -> None:
@@ -276,6 +279,13 @@ class _Tracer:
             if fit is None:
                 check = self._configured_run(max(larger) if larger else self.FIT_CHECK, accumulation)
                 fit = fit_micro_batch(low, high, check)
+            if fit is None:  # of degree 2 (MoCo's B x B logits), through the three, checked by one more trace
+                points = sorted(
+                    [low, high, self._configured_run(max(larger) if larger else self.FIT_CHECK, accumulation)],
+                    key=lambda r: r.micro_batch,
+                )
+                fourth = next(m for m in self.QUADRATIC_CHECKS if m not in {p.micro_batch for p in points})
+                fit = fit_quadratic(points, self._configured_run(fourth, accumulation))
             self.fits[accumulation] = fit
             log.debug(
                 "micro-batch fit at accumulation %d: %s",
