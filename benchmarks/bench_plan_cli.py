@@ -4,11 +4,11 @@
 
     seed  trainlab plan var --config var_d16 --precision fp16-amp-scale --gpu L20-48GB --gpus 2    (bar: <= 15 s)
     all   trainlab plan var --config var_d16 --precision fp16-amp-scale --gpu all --dataset-size 1281167  (<= 60 s)
-    seed-1, all-1: the same with --workers 1 (every trace in the planner's process), side by side
+    seed-1, all-1: the same with --trace-processes 1 (every trace in the planner's process), side by side
 
 Each case runs once in a child process: wall seconds, the child's CPU seconds (user + system: what the machine's
 load does not change much; the trace workers' CPU is not counted, they are the fork server's children, so the
---workers 1 cases give the whole work's CPU) and the traced configurations the plan reports. On a shared machine
+--trace-processes 1 cases give the whole work's CPU) and the traced configurations the plan reports. On a shared machine
 the wall time includes waiting for a core: compare CPU seconds between runs.
 """
 
@@ -31,7 +31,7 @@ CASES = {
     "seed": [*BASE, "--gpu", "L20-48GB", "--gpus", "2"],
     "all": [*BASE, "--gpu", "all", "--dataset-size", "1281167"],
 }
-CASES |= {f"{name}-1": [*argv, "--workers", "1"] for name, argv in list(CASES.items())}
+CASES |= {f"{name}-1": [*argv, "--trace-processes", "1"] for name, argv in list(CASES.items())}
 
 
 def run_case(argv: list[str]) -> dict[str, object]:

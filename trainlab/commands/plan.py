@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-AUTO_WORKERS_FROM_SECONDS = 1.0  # --workers 0: worker processes pay (~3 s to start) when a trace takes seconds
+AUTO_WORKERS_FROM_SECONDS = 1.0  # --trace-processes 0: worker processes pay (~3 s to start) when a trace takes seconds
 
 USAGE = (
     "usage: trainlab plan RECIPE [--gpu NAME|GiB|all|A,B] [--gpus N] [--price NAME=USD_PER_HOUR ...] "
@@ -66,7 +66,7 @@ class PlanOptions:
         metavar="N",
         ge=0,
     )
-    workers: int = option(
+    trace_processes: int = option(
         0,
         "processes tracing at once the configurations a plan with --gpu needs (0: one per core, at most 4, where a "
         "trace is slow enough to gain: the first forward took over a second; 1: all in this process)",
@@ -242,8 +242,8 @@ def main(argv: list[str]) -> int:
         candidates=candidates,
         prices=checked_prices(prices, (gpu,) if gpu is not None else candidates),
         dataset_size=options.dataset_size or None,
-        workers=options.workers or auto_workers(),
-        workers_from_seconds=AUTO_WORKERS_FROM_SECONDS if options.workers == 0 else 0.0,
+        workers=options.trace_processes or auto_workers(),
+        workers_from_seconds=AUTO_WORKERS_FROM_SECONDS if options.trace_processes == 0 else 0.0,
     )
     result = plan(recipe, request)
     hand = _hand(recipe, result)
