@@ -59,12 +59,23 @@ def fit_micro_batch(low: TracedRun, high: TracedRun, check: TracedRun) -> Fitted
     if not _same_structure(low, check):
         return None
     at = affine_through(low, high)
-    if at is None:
-        return None
+    return None if at is None else _checked(at, check)
+
+
+def _checked(at: FittedRun, check: TracedRun) -> FittedRun | None:
+    """`at`, where it gives every storage of `check` its traced bytes; else None."""
     predicted = at(check.micro_batch).trace.records
     if any(p.nbytes != r.nbytes for p, r in zip(predicted, check.trace.records, strict=True)):
         return None
     return at
+
+
+def _resized(run: TracedRun, micro_batch: int, nbytes: list[int]) -> TracedRun:
+    """`run` at `micro_batch`, its storages of `nbytes` (a fitted trace: no FLOP count of its own)."""
+    records = [r.with_bytes(n) for r, n in zip(run.trace.records, nbytes)]
+    return dataclasses.replace(
+        run, trace=dataclasses.replace(run.trace, records=records), micro_batch=micro_batch, flops=None
+    )
 
 
 def affine_through(low: TracedRun, high: TracedRun) -> FittedRun | None:
@@ -81,9 +92,8 @@ def affine_through(low: TracedRun, high: TracedRun) -> FittedRun | None:
         slopes.append(delta // (m2 - m1))
 
     def at(micro_batch: int) -> TracedRun:
-        records = [r.with_bytes(r.nbytes + slope * (micro_batch - m1)) for r, slope in zip(low.trace.records, slopes)]
-        trace = dataclasses.replace(low.trace, records=records)
-        return dataclasses.replace(low, trace=trace, micro_batch=micro_batch, flops=None)
+        m = micro_batch - m1
+        return _resized(low, micro_batch, [r.nbytes + slope * m for r, slope in zip(low.trace.records, slopes)])
 
     return at
 
@@ -108,12 +118,6 @@ def fit_quadratic(points: list[TracedRun], check: TracedRun) -> FittedRun | None
 
     def at(micro_batch: int) -> TracedRun:
         m = micro_batch
-        records = [r.with_bytes(a + b * m + c * m * m) for r, (a, b, c) in zip(first.trace.records, laws)]
-        return dataclasses.replace(
-            first, trace=dataclasses.replace(first.trace, records=records), micro_batch=m, flops=None
-        )
+        return _resized(first, m, [a + b * m + c * m * m for a, b, c in laws])
 
-    predicted = at(check.micro_batch).trace.records
-    if any(p.nbytes != r.nbytes for p, r in zip(predicted, check.trace.records, strict=True)):
-        return None
-    return at
+    return _checked(at, check)

@@ -210,7 +210,7 @@ class _Tracer:
         self, micro_batch: int, accumulation: int, precision: str, checkpointing: bool, count_flops: bool
     ) -> TracedRun:
         job = TraceJob(micro_batch, accumulation, precision, checkpointing, count_flops)
-        if self.workers is not None and self.workers.has(job):
+        if self.workers is not None and self.workers.has(job):  # started ahead
             run = self.workers.take(job)
         else:
             run = trace_job(self.recipe, self.device, job)
@@ -279,13 +279,10 @@ class _Tracer:
             if fit is None:
                 check = self._configured_run(max(larger) if larger else self.FIT_CHECK, accumulation)
                 fit = fit_micro_batch(low, high, check)
-            if fit is None:  # of degree 2 (MoCo's B x B logits), through the three, checked by one more trace
-                points = sorted(
-                    [low, high, self._configured_run(max(larger) if larger else self.FIT_CHECK, accumulation)],
-                    key=lambda r: r.micro_batch,
-                )
-                fourth = next(m for m in self.QUADRATIC_CHECKS if m not in {p.micro_batch for p in points})
-                fit = fit_quadratic(points, self._configured_run(fourth, accumulation))
+                if fit is None:  # of degree 2 (MoCo's B x B logits), through the three, checked by one more trace
+                    points = sorted([low, high, check], key=lambda r: r.micro_batch)
+                    fourth = next(m for m in self.QUADRATIC_CHECKS if m not in {p.micro_batch for p in points})
+                    fit = fit_quadratic(points, self._configured_run(fourth, accumulation))
             self.fits[accumulation] = fit
             log.debug(
                 "micro-batch fit at accumulation %d: %s",
@@ -315,9 +312,7 @@ class _Tracer:
         micro-batch (`memory.accumulation_fit`), checked against a real trace at accumulation 1: the configured one
         where there is one, else one at `FIT_CHECK` (which the fallback then uses as its check). None where the
         accumulation-2 points are not traced yet or the derived fit does not give the check's bytes."""
-        cfg = self.recipe.config
-        started = [TraceJob(m, 2, cfg.precision, cfg.activation_checkpointing, False) for m in self.FIT_POINTS]
-        if any((m, 2) not in self.runs and not self._started(job) for m, job in zip(self.FIT_POINTS, started)):
+        if any(m not in self._held(2) for m in self.FIT_POINTS):
             return None
         derived = [first_micro_batch_only(self._configured_run(m, 2)) for m in self.FIT_POINTS]
         low, high = derived
