@@ -129,6 +129,9 @@ def test_debug_mode_passes(tmp_path: Path) -> None:
     report = run_debug_check(ToyRecipe, recipe, tmp_path / "debug")
     assert report.passed, report.line()
     assert report.line().startswith("debug PASS")
+    # both runs of the check use deterministic kernels (cuDNN autotuning and atomics do not repeat to the bit on CUDA)
+    for run in ("straight", "resumed"):
+        assert "deterministic: true" in (tmp_path / "debug" / run / "config.yaml").read_text().splitlines()
 
 
 def test_seed_fixes_everything(tmp_path: Path) -> None:

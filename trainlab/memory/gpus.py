@@ -72,10 +72,13 @@ _V100 = "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-dat
 GPU_PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in (
-        GpuProfile(
+        GpuProfile(  # total and context measured on an H100 80GB HBM3 (driver 580.159.04, torch 2.11), 2026-11-24
             "H100-80GB",
-            81_559 * MIB,
+            81_079 * MIB,  # mem_get_info's total; nvidia-smi shows 81,559 MiB, of which the driver keeps ~480 MiB
             (9, 0),
+            context_bytes=619 * MIB,  # device memory in use after torch.cuda.init() and a first tensor, less reserved
+            nccl_bytes=564 * MIB,  # one process's NCCL communicator and a 1 MiB all_reduce (1 rank)
+            measured=True,
             peak_tflops=_peaks(67.0, 494.7, 989.4),
             bandwidth_gb_per_s=3350,
             example_usd_per_hour=2.50,
