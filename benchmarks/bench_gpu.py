@@ -211,22 +211,24 @@ def main() -> None:
         raise SystemExit(f"these are GPU measurements: --device {args.device} needs CUDA (or pass --smoke)")
     sections = SECTIONS if args.section == "all" else (args.section,)
     env = environment()
+    gpu = env.get("gpu", "nogpu").replace(" ", "-")
+    name_parts = ["gpu", args.section, f"d{args.depth}", gpu, "smoke" if args.smoke else "", args.label]
+    path = result_path(args.json, *name_parts)
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         tokenizer, var_path = write_weights(work, args.depth, args.smoke)
-        results: dict[str, Any] = {}
-        if "var_train" in sections:
-            results["var_train"] = var_train(args, work, tokenizer)
-        if "var_sample" in sections:
-            results["var_sample"] = var_sample(args, work, tokenizer, var_path)
-        if "precision" in sections:
-            results["precision"] = precision_lab(args, work)
-    gpu = env.get("gpu", "nogpu").replace(" ", "-")
-    name_parts = ["gpu", args.section, f"d{args.depth}", gpu, "smoke" if args.smoke else "", args.label]
-    write_result(
-        result_path(args.json, *name_parts), {"environment": env, "config": settings(args), "results": results}
-    )
+        sections_run = {
+            "var_train": lambda: var_train(args, work, tokenizer),
+            "var_sample": lambda: var_sample(args, work, tokenizer, var_path),
+            "precision": lambda: precision_lab(args, work),
+        }
+        for section in sections:
+            results[section] = sections_run[section]()
+            # rewritten after every section: a run stopped in a later one keeps the sections it finished
+            complete = section == sections[-1]
+            write_result(path, {"environment": env, "config": settings(args), "results": results, "complete": complete})
 
 
 if __name__ == "__main__":
