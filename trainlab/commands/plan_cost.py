@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainlab.memory.efficiency import ASSUMED
+from trainlab.memory.efficiency import ASSUMED, SHIPPED
 from trainlab.memory.run_cost import RunCost, measure_data_command
 from trainlab.memory.run_cost import to_json as cost_json
 
@@ -87,7 +87,9 @@ def _usd(c: RunCost) -> str:
 
 
 def _efficiency(c: RunCost) -> str:
-    return f"MFU {c.efficiency.value:.2f} {c.efficiency.source} ({c.efficiency.family})"
+    e = c.efficiency
+    where = f"; measured by trainlab: {e.measured_on}" if e.measured_on else ""
+    return f"MFU {e.value:.2f} {e.source} ({e.family}{where})"
 
 
 def render_time_and_cost(result: Plan, config_flags: str) -> str:
@@ -136,9 +138,11 @@ def render_time_and_cost(result: Plan, config_flags: str) -> str:
                 f"`{measure_data_command(result.recipe, config_flags)}`"
             )
         assumed = ", ".join(f"{k} {v:.2f}" for k, v in ASSUMED.items())
+        shipped = ", ".join(f"{gpu} {family} {v:.3f}" for (gpu, family), (v, _) in SHIPPED.items())
         lines.append(
             f"predictions: step time = traced FLOPs / (the data-sheet dense peak x MFU), at least the bytes / the "
-            f"bandwidth; MFU assumed per family ({assumed}; {EFFICIENCY_SOURCE}); * = an example price, not a "
+            f"bandwidth; MFU assumed per family ({assumed}; {EFFICIENCY_SOURCE}) except where measured (yours with "
+            f"--measure; trainlab's: {shipped}, efficiency.py SHIPPED); * = an example price, not a "
             "quote (--price NAME=USD_PER_HOUR)"
         )
     return "\n".join(lines)

@@ -4,7 +4,8 @@ step seconds = traced FLOPs per optimizer step / (the GPU's dense peak for the c
 ASSUMED values are documented guesses, not measurements; `trainlab plan RECIPE --measure` on a device stores the
 efficiency it measured (keyed by the device's profile name and the recipe family) in the user's cache folder
 (`$TRAINLAB_CACHE`, else `$XDG_CACHE_HOME/trainlab`, else `~/.cache/trainlab`), and later estimates for that GPU and
-family use it and say so (`source == "measured"`).
+family use it and say so (`source == "measured"`). SHIPPED holds the efficiencies measured the same way for the
+project (benchmarks/README.md section 13d), the defaults for that GPU and family where the user measured none.
 """
 
 from __future__ import annotations
@@ -29,6 +30,18 @@ ASSUMED: dict[str, float] = {
 }
 DEFAULT_FAMILY = "convnet"
 
+# Measured with `trainlab plan RECIPE --measure` (the recipe's real step, traced FLOPs over the dense data-sheet peak)
+# and shipped as the default for the GPUs of that chip (the H200 has the H100's compute: the same SMs and peaks, with
+# more and faster memory) and that family: (GPU, family) -> (MFU, what was measured).
+_VAR_D16_H100 = (
+    0.122,
+    "VAR-d16, fp16-amp-scale, micro-batch 96, re-encoding every batch; H100 80GB HBM3, torch 2.11, 2026-11-24",
+)
+SHIPPED: dict[tuple[str, str], tuple[float, str]] = {
+    ("H100-80GB", "transformer"): _VAR_D16_H100,
+    ("H200", "transformer"): (_VAR_D16_H100[0], _VAR_D16_H100[1] + " (the H200 has the H100's compute)"),
+}
+
 
 @dataclass(frozen=True)
 class Efficiency:
@@ -37,6 +50,7 @@ class Efficiency:
     value: float
     source: str
     family: str
+    measured_on: str = ""  # a shipped measurement: what was measured, where and when
 
 
 def cache_folder() -> Path:
@@ -67,12 +81,16 @@ def _key(gpu: str, family: str) -> str:
 
 
 def efficiency_for(gpu: str, family: str) -> Efficiency:
-    """The efficiency to use for `family` on the GPU profile named `gpu`: the measured one if stored, else assumed."""
+    """The efficiency to use for `family` on the GPU profile named `gpu`: the user's measured one if stored, else the
+    shipped measurement for that GPU and family, else the assumed one."""
     entry = _read_store().get(_key(gpu, family))
     if isinstance(entry, dict):
         value = entry.get("efficiency")
         if isinstance(value, (int, float)) and 0 < value <= 1:
             return Efficiency(float(value), "measured", family)
+    if (gpu, family) in SHIPPED:
+        value, what = SHIPPED[(gpu, family)]
+        return Efficiency(value, "measured", family, measured_on=what)
     return Efficiency(ASSUMED.get(family, ASSUMED[DEFAULT_FAMILY]), "assumed", family)
 
 

@@ -221,5 +221,6 @@ def to_json(cost: RunCost) -> dict[str, Any]:
         "efficiency_assumed": cost.efficiency.value,
         "efficiency_source": cost.efficiency.source,
         "efficiency_family": cost.efficiency.family,
+        "efficiency_measured_on": cost.efficiency.measured_on or None,  # a shipped measurement: what, where, when
         "data_cores_needed": cost.data_cores,
     }
