@@ -6,6 +6,11 @@
 # Stages: env, constants, debug, plan, gpu_bench, var_official, measure, fsdp (see each below). Every stage runs
 # under its own time limit, writes its JSON result and log into RESULTS_DIR, and a failing stage does not stop the
 # others. Run from the repository root; `pip install -e .` first, or run with the checkout on PYTHONPATH.
+# Settings (environment): STAGE_SECONDS (a stage's limit, 540), WORK (weights and runs), RESULTS_TGZ (also pack the
+# results there after each stage); debug: DEBUG_RECIPES, DEBUG_PRECISIONS, DEBUG_COMPILE, DEBUG_JOBS, DEBUG_TAG;
+# plan: PLAN_CASES, PREDICTED (comma list; default every results/plan_gpu_predicted_H100-80GB_*.json);
+# gpu_bench: GPU_BENCH_ARGS (e.g. "--section precision"); var_official: VAR_SECONDS, VAR_IMAGES, VAR_REPEATS,
+# VAR_VARIANTS.
 set -u
 results=$(realpath -m "$1")
 shift
@@ -46,7 +51,8 @@ for s in "$@"; do
             --compile-recipes "${DEBUG_COMPILE:-toy,cifar,var}" --json "$results/debug${DEBUG_TAG:-}.json"
         ;;
     plan)  # the planner's predictions (benchmarks/results/plan_gpu_predicted_*.json) against the real peaks
-        predicted=${PREDICTED:-$(ls -t benchmarks/results/plan_gpu_predicted_H100-80GB_*.json | head -n 1)}
+        # every stored prediction, in name order (a later file's case replaces an earlier one's)
+        predicted=${PREDICTED:-$(ls benchmarks/results/plan_gpu_predicted_H100-80GB_*.json | paste -sd, -)}
         stage plan "$limit" "$py" benchmarks/bench_plan_gpu.py measure --predicted "$predicted" \
             --cases "${PLAN_CASES:-var_d16,moco_vit_s,moco_r50,cifar_r18}" --work-dir "$work/plan" \
             --json "$results/plan.json"
