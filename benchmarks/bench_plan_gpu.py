@@ -59,11 +59,11 @@ MEASURE_STEPS = (2, 1)  # warm-up steps, timed steps: the peaks are read after t
 MIB = 2**20
 
 
-def case_flags(case: str, work: Path, micro_batch: int) -> tuple[str, list[str]]:
+def case_flags(case: str, work: Path, micro_batch: int, device: str = "cuda") -> tuple[str, list[str]]:
     """The recipe and its flags for one configuration of `case` (the same on both machines, but for paths)."""
     recipe, flags, _ = CASES[case]
     flags = [*flags, "--batch-size", str(micro_batch), "--grad-accumulation", "1", "--data.kind", "fake"]
-    flags += ["--data.fake-size", str(max(4 * micro_batch, 64)), "--device", "cuda"]
+    flags += ["--data.fake-size", str(max(4 * micro_batch, 64)), "--device", device]
     if recipe == "var":
         flags += ["--tokenizer-weights", str(tokenizer_file(work)), "--use-token-cache", "false"]
     return recipe, flags
@@ -115,21 +115,24 @@ def predict(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ measure
-def child(case: str, micro_batch: int, work: Path) -> dict[str, Any]:
-    """One configuration's real steps in this fresh process; the peaks and the device's memory in use after them."""
+def child(case: str, micro_batch: int, work: Path, device_name: str) -> dict[str, Any]:
+    """One configuration's real steps in this fresh process; the peaks and the device's memory in use after them
+    (`device_name` cpu: the plumbing only, the resident-set growth instead of the allocator's peaks)."""
     import torch
 
     from trainlab.config import parse
     from trainlab.memory.measure import measure_step
     from trainlab.recipes import get_recipe
 
-    recipe_name, flags = case_flags(case, work, micro_batch)
+    recipe_name, flags = case_flags(case, work, micro_batch, device_name)
     recipe_cls = get_recipe(recipe_name)
     recipe = recipe_cls(parse(recipe_cls.config_class, flags, prog=f"trainlab plan {recipe_name}"))
-    device = torch.device("cuda")
-    torch.cuda.init()
-    free0, total = torch.cuda.mem_get_info(device)
-    row: dict[str, Any] = {"case": case, "micro_batch": micro_batch, "device_used_at_start_bytes": total - free0}
+    device = torch.device(device_name)
+    row: dict[str, Any] = {"case": case, "micro_batch": micro_batch}
+    if device.type == "cuda":
+        torch.cuda.init()
+        free0, total = torch.cuda.mem_get_info(device)
+        row["device_used_at_start_bytes"] = total - free0
     warmup, steps = MEASURE_STEPS
     try:
         measured = measure_step(recipe, device, steps=steps, warmup_steps=warmup)
@@ -140,6 +143,8 @@ def child(case: str, micro_batch: int, work: Path) -> dict[str, Any]:
         row.update(status="out of memory" if oom else "error", error=f"{type(error).__name__}: {error}"[:600])
     else:
         row.update(status="ran", step_seconds=measured.median_step_seconds, **measured.memory)
+    if device.type != "cuda":
+        return row
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
     stats = torch.cuda.memory_stats(device)
@@ -155,8 +160,8 @@ def child(case: str, micro_batch: int, work: Path) -> dict[str, Any]:
     return row
 
 
-def run_child(case: str, micro_batch: int, work: Path, timeout: int) -> dict[str, Any]:
-    argv = [sys.executable, __file__, "--child", case, str(micro_batch), "--work-dir", str(work)]
+def run_child(case: str, micro_batch: int, work: Path, timeout: int, device: str) -> dict[str, Any]:
+    argv = [sys.executable, __file__, "--child", case, str(micro_batch), "--work-dir", str(work), "--device", device]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
@@ -176,7 +181,7 @@ def run_child(case: str, micro_batch: int, work: Path, timeout: int) -> dict[str
 
 def compare(plan: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"predicted_fits": plan["fits"], "ran": real.get("status") == "ran"}
-    if real.get("status") == "ran":
+    if real.get("status") == "ran" and "cuda_max_reserved_bytes" in real:
         for what, measured_key in (("allocated", "peak_memory_bytes"), ("reserved", "cuda_max_reserved_bytes")):
             predicted, measured = plan[f"peak_{what}_bytes"], real[measured_key]
             out[f"{what}_error"] = (predicted - measured) / measured
@@ -198,7 +203,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     # the usual micro-batches first (far from the limit), then each near-limit configuration with the GPU alone
     ordered = sorted(jobs, key=lambda job: job[1]["micro_batch"] != CASES[job[0]][2])
     for case, plan in ordered:
-        real = run_child(case, plan["micro_batch"], work, args.timeout)
+        real = run_child(case, plan["micro_batch"], work, args.timeout, args.device)
         row = {"plan": plan, "real": real, **compare(plan, real)}
         results[case].append(row)
         print(line(case, row), flush=True)
@@ -209,7 +214,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def line(case: str, row: dict[str, Any]) -> str:
     plan, real = row["plan"], row["real"]
     head = f"{case:11s} {plan['micro_batch']:6d} predicted {'fits' if plan['fits'] else 'no fit':6s} | "
-    if real.get("status") != "ran":
+    if real.get("status") != "ran" or "allocated_error" not in row:
         return head + f"{real.get('status')}: {str(real.get('error', ''))[-160:]}"
     return head + (
         f"allocated {plan['peak_allocated_bytes'] / MIB:9,.0f} vs {real['peak_memory_bytes'] / MIB:9,.0f} MiB "
@@ -226,6 +231,7 @@ def main() -> None:
     parser.add_argument("--gpu", default="H100-80GB", help="predict: the GPU profile planned for")
     parser.add_argument("--predicted", default="", help="measure: the JSON files `predict` wrote (comma-separated)")
     parser.add_argument("--timeout", type=int, default=240, help="measure: seconds per configuration")
+    parser.add_argument("--device", default="cuda", help="measure: cuda, or cpu to check the plumbing (no figures)")
     parser.add_argument("--work-dir", default="", help="tokenizer weights ('': a temporary folder)")
     parser.add_argument("--json", default="auto", help="result file ('auto': results/plan_gpu_<mode>_<...>.json)")
     parser.add_argument("--label", default="", help="what distinguishes this run, in the auto name")
@@ -235,7 +241,7 @@ def main() -> None:
         work = Path(args.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         if args.child:
-            print(json.dumps(child(args.child[0], int(args.child[1]), work)))
+            print(json.dumps(child(args.child[0], int(args.child[1]), work, args.device)))
             return
         env = environment()
         if args.mode == "predict":
