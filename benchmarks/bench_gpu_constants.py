@@ -208,15 +208,18 @@ def step_cublas(record: dict[str, Any]) -> None:
     attempt(record, "bf16_matmul", lambda: first(lambda: a16 @ b16))
     attempt(record, "matmul_backward", lambda: first(backward, grad_of=w))
     attempt(record, "second_fp32_matmul", lambda: first(lambda: a @ b))
-    parts = []
-    for key in ("fp32_matmul", "bf16_matmul", "matmul_backward"):
-        r = record.get(key, {})
-        if "error" in r:
-            parts.append(f"{key} ERROR")
-        else:
-            used, reserved, inside = r["used_mib"], r["reserved_mib"], r["allocated_beyond_tensors_mib"]
-            parts.append(f"{key} used+{used:.0f} res+{reserved:.0f} alloc+{inside:.0f}")
-    record["summary"] = "; ".join(parts) + " MiB"
+    record["summary"] = summary(
+        record,
+        ("fp32_matmul", "bf16_matmul", "matmul_backward"),
+        lambda r: f"used+{r['used_mib']:.0f} res+{r['reserved_mib']:.0f} alloc+{r['allocated_beyond_tensors_mib']:.0f}",
+    )
+
+
+def summary(record: dict[str, Any], keys: tuple[str, ...], line: Callable[[dict[str, Any]], str]) -> str:
+    """One line of a step's sub-measurements: `line` of each, or ERROR."""
+    failed = [key for key in keys if "error" in record.get(key, {"error": ""})]
+    parts = [f"{key} ERROR" if key in failed else f"{key} {line(record[key])}" for key in keys]
+    return "; ".join(parts) + " MiB"
 
 
 def step_cudnn(record: dict[str, Any], benchmark: bool) -> None:
@@ -251,15 +254,11 @@ def step_cudnn(record: dict[str, Any], benchmark: bool) -> None:
     attempt(record, "fp32_conv", lambda: fwd_bwd(False))
     attempt(record, "bf16_autocast_conv", lambda: fwd_bwd(True))
     attempt(record, "second_fp32_conv", lambda: fwd_bwd(False))
-    parts = []
-    for key in ("fp32_conv", "bf16_autocast_conv"):
-        r = record.get(key, {})
-        if "error" in r:
-            parts.append(f"{key} ERROR")
-        else:
-            used, reserved, workspace = r["used_mib"], r["reserved_mib"], r["workspace_estimate_mib"]
-            parts.append(f"{key} used+{used:.0f} res+{reserved:.0f} workspace~{workspace:.0f}")
-    record["summary"] = "; ".join(parts) + " MiB"
+    record["summary"] = summary(
+        record,
+        ("fp32_conv", "bf16_autocast_conv"),
+        lambda r: f"used+{r['used_mib']:.0f} res+{r['reserved_mib']:.0f} workspace~{r['workspace_estimate_mib']:.0f}",
+    )
 
 
 def step_sdpa(record: dict[str, Any]) -> None:
