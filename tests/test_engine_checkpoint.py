@@ -134,6 +134,26 @@ def test_debug_mode_passes(tmp_path: Path) -> None:
         assert "deterministic: true" in (tmp_path / "debug" / run / "config.yaml").read_text().splitlines()
 
 
+def test_every_save_resumes_cleanly_even_at_an_epoch_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --checkpoint-every 1: a save after every step; the one after an epoch's last step is the end-of-epoch save (with
+    # the epoch counted), never one that records "epoch 0, its last step" (the resume refuses that as damaged, so a
+    # kill between the two saves lost the run: found by the chaos test)
+    seen: list[tuple[int, int, int]] = []
+    save = Trainer.save
+
+    def recording(self: Trainer, *, is_best: bool = False) -> None:
+        seen.append((self.progress.step, self.progress.epoch, self.progress.step_in_epoch))
+        save(self, is_best=is_best)
+
+    monkeypatch.setattr(Trainer, "save", recording)
+    trainer = Trainer(ToyRecipe(_config(tmp_path, checkpoint_every=1, grad_accumulation=1)))
+    trainer.fit()
+    steps_per_epoch = trainer.steps_per_epoch
+    assert {step for step, _, _ in seen} == set(range(1, 2 * steps_per_epoch + 1))  # every step saved
+    for step, epoch, in_epoch in seen:
+        assert in_epoch < steps_per_epoch and step == epoch * steps_per_epoch + in_epoch
+
+
 def test_seed_fixes_everything(tmp_path: Path) -> None:
     a = Trainer(ToyRecipe(_config(tmp_path / "a", epochs=1))).fit().losses
     b = Trainer(ToyRecipe(_config(tmp_path / "b", epochs=1))).fit().losses

@@ -522,8 +522,9 @@ class Trainer:
                             self.progress.step,
                         )
                     break
-                if cfg.checkpoint_every and self.progress.step % cfg.checkpoint_every == 0:
-                    self.save()
+                at_epoch_end = self.progress.step_in_epoch == self.steps_per_epoch  # the end-of-epoch save follows
+                if cfg.checkpoint_every and self.progress.step % cfg.checkpoint_every == 0 and not at_epoch_end:
+                    self.save()  # (a save here would record the epoch's last step before the epoch is counted)
         finally:
             synchronize(self.device)
         elapsed = time.perf_counter() - t0
