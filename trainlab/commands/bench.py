@@ -205,8 +205,7 @@ def _run_locked(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: trainlab bench precision [options] [-- extra `trainlab train cifar` flags]")
-        print("       trainlab bench data RECIPE [--num-workers N] [--seconds S] [--json] [`trainlab train RECIPE`")
-        print("       flags]")
+        print("       trainlab bench data RECIPE [--num-workers N] [--seconds S] [--json] [RECIPE's training flags]")
         print("`trainlab bench precision --help` and `trainlab bench data --help` list the options.")
         return 0 if argv else 2
     if argv[0] == "data":
