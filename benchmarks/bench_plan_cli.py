@@ -7,9 +7,9 @@
     seed-1, all-1: the same with --trace-processes 1 (every trace in the planner's process), side by side
 
 Each case runs once in a child process: wall seconds, the child's CPU seconds (user + system: what the machine's
-load does not change much; the trace workers' CPU is not counted, they are the fork server's children, so the
---trace-processes 1 cases give the whole work's CPU) and the traced configurations the plan reports. On a shared machine
-the wall time includes waiting for a core: compare CPU seconds between runs.
+load does not change much; trace workers forked by the planner are counted with it, workers of a fork server, which
+the planner uses where a forked child could not run autograd, are not) and the traced configurations the plan
+reports. On a shared machine the wall time includes waiting for a core: compare CPU seconds between runs.
 """
 
 # Legend: none (no tensors are named here).

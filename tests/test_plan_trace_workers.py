@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import trainlab.memory.planner as planner
+import trainlab.memory.trace_workers as trace_workers
 from trainlab.engine.debug import debug_run_config
 from trainlab.memory.breakdown import breakdown
 from trainlab.memory.gpus import GpuProfile
@@ -74,3 +78,67 @@ def test_a_trace_that_raises_in_a_worker_raises_in_the_planner() -> None:
 
 def test_auto_workers_is_the_cores_at_most_four() -> None:
     assert 1 <= auto_workers() <= MAX_WORKERS
+
+
+def test_no_fork_after_a_traced_backward_pass() -> None:
+    """Autograd refuses to run in a child forked after the parent traced a backward pass (its engine threads are
+    lost in the fork): the probe says so, and the workers then come from the fork server."""
+    recipe = _recipe(ToyRecipe)
+    trace_training(recipe, device="cpu", micro_batch=2, grad_accumulation=1)
+    assert not trace_workers.fork_runs_autograd()
+
+
+FORKED_PLAN = """
+import dataclasses, sys
+import trainlab.memory.planner as planner
+from trainlab.engine.debug import debug_run_config
+from trainlab.memory.gpus import GpuProfile
+from trainlab.memory.planner import PlanRequest, plan
+from trainlab.recipes.toy import ToyRecipe
+
+methods = []
+
+
+class Recorded(planner.TraceWorkers):
+    def close(self):
+        methods.append(self.start_method)
+        super().close()
+
+
+if __name__ == "__main__":
+    planner.TraceWorkers = Recorded
+    recipe = ToyRecipe(dataclasses.replace(debug_run_config(ToyRecipe(ToyRecipe.config_class())), batch_size=256))
+    gpu = GpuProfile("tight", int(sys.argv[1]), (9, 0))
+    forked = plan(recipe, PlanRequest(device="cpu", gpu=gpu, workers=2))  # first: no backward pass has run here
+    alone = plan(recipe, PlanRequest(device="cpu", gpu=gpu))
+    print(methods, forked == alone, forked.max_micro_batch)
+"""
+
+
+def test_a_fresh_planner_forks_its_workers_and_plans_what_one_process_plans(tmp_path: Path) -> None:
+    recipe = _recipe(ToyRecipe, batch_size=256)
+    capacity = _tight_gpu(recipe).total_bytes
+    script = tmp_path / "forked_plan.py"
+    script.write_text(FORKED_PLAN)
+    done = subprocess.run([sys.executable, str(script), str(capacity)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    methods, same, largest = done.stdout.split("]")[0] + "]", *done.stdout.split("]")[1].split()
+    assert methods == "['fork']" and same == "True"
+    assert 0 < int(largest) < 256
+
+
+def test_fork_server_workers_plan_what_one_process_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = _recipe(ToyRecipe, batch_size=256)
+    gpu = _tight_gpu(recipe)
+    alone = plan(recipe, PlanRequest(device="cpu", gpu=gpu))
+    methods: list[str] = []
+
+    class Recorded(TraceWorkers):
+        def close(self) -> None:
+            methods.append(self.start_method)
+            super().close()
+
+    monkeypatch.setattr(trace_workers, "fork_runs_autograd", lambda: False)
+    monkeypatch.setattr(planner, "TraceWorkers", Recorded)
+    assert plan(recipe, PlanRequest(device="cpu", gpu=gpu, workers=2)) == alone
+    assert methods == ["forkserver"]

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-AUTO_WORKERS_FROM_SECONDS = 1.0  # --trace-processes 0: worker processes pay (~3 s to start) when a trace takes seconds
+# --trace-processes 0: workers (forked ~0.1 s to start, from a fork server ~3 s) pay where a trace takes seconds
+AUTO_WORKERS_FROM_SECONDS = 1.0
 
 USAGE = (
     "usage: trainlab plan RECIPE [--gpu NAME|GiB|all|A,B] [--gpus N] [--price NAME=USD_PER_HOUR ...] "

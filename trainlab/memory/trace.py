@@ -205,6 +205,7 @@ def _traced_run(
     tracer = StorageTracer()
     cpu = torch.device("cpu")
     use_cuda_policy = device == "cuda" if cuda_autocast is None else cuda_autocast
+    use_cuda_policy = use_cuda_policy and precision.autocast_dtype is not None  # no autocast: the policy is idle
 
     def place(model: nn.Module, applied: Precision | None) -> nn.Module:
         _prepare_in_place(model, applied, cfg.keep_batchnorm_fp32)

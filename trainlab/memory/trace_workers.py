@@ -2,13 +2,17 @@
 
 A plan traces a few configurations whose list is known before the first one runs (the configured run, the two points
 of the micro-batch fit, the levers' runs); each trace is seconds of single-threaded Python on fake tensors, so on a
-machine with several cores they run at once. Workers come from a fork server (POSIX): a clean process that imports
-torch and trainlab once and forks a worker per process wanted; a plain fork of the planner's process would not do,
-because autograd refuses to run in a child forked after the parent has run a backward pass. Each job sends the
-recipe's class and config and gets back the `TracedRun` (a list of records and events): the same trace as in the
-planner's process, the same code on the same fake tensors, seeded the same way (`trace_training`). Where no fork
-server exists, or the recipe cannot be sent (a class defined where a worker cannot import it), the planner traces in
-its own process and says so.
+machine with several cores they run at once. Workers are forked from the planner's process (POSIX), which has
+torch, trainlab and the recipe's modules imported already: a worker starts in milliseconds. Autograd refuses to run in
+a child forked after the parent has run a backward pass (its engine threads do not survive a fork), which is the case
+of a planner called from a program that trained or traced before (`trainlab plan` has not: its first trace is a
+forward only); a throw-away child that runs one backward tells (`fork_runs_autograd`), and where it cannot, the
+workers come from a fork server instead: a clean process that imports torch and trainlab once (seconds) and forks a
+worker per process wanted. Each job sends the recipe's class and config and gets back the `TracedRun` (a list of
+records and events): the same trace as in the planner's process, the same code on the same fake tensors, seeded the
+same way (`trace_training`). Where neither exists, or the recipe cannot be sent (a class defined where a worker
+cannot import it), the planner traces in its own process and says so. A forked worker runs one thread
+(`_forked_worker`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
+
+import torch
 
 from trainlab.engine.recipe import Recipe
 from trainlab.memory.trace import PlanDevice, TracedRun, trace_training
@@ -65,6 +71,33 @@ def auto_workers() -> int:
     return max(1, min(cores, MAX_WORKERS))
 
 
+def fork_runs_autograd() -> bool:
+    """Whether a child forked from this process now can run a backward pass: one throw-away child tries (a tiny
+    backward on real tensors) and exits with the answer. False where `fork` does not exist."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 1
+        try:
+            leaf = torch.ones(1, requires_grad=True)
+            (leaf * 2).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def _forked_worker() -> None:
+    """A forked worker runs one thread: the OpenMP pool the parent used does not survive the fork (a parallel region
+    in the child, real tensor work a recipe does while it is built, would wait for it forever), and a trace on fake
+    tensors is single-threaded Python. It logs warnings only: the recipe's facts (logged again by each trace's build)
+    were logged once, by the planner's process."""
+    torch.set_num_threads(1)
+    logging.disable(logging.INFO)
+
+
 def _run_sent(recipe_class: type[Recipe[Any]], config: Any, device: PlanDevice, job: TraceJob) -> TracedRun:
     return trace_job(recipe_class(config), device, job)
 
@@ -74,6 +107,7 @@ class TraceWorkers:
 
     def __init__(self, recipe: Recipe[Any], device: PlanDevice, jobs: Sequence[TraceJob], workers: int) -> None:
         self._pool: Pool | None = None
+        self.start_method = ""  # "fork" or "forkserver" once started; "" when tracing in this process
         self._pending: dict[TraceJob, AsyncResult[TracedRun]] = {}
         sent = (type(recipe), recipe.config)
         try:
@@ -81,9 +115,16 @@ class TraceWorkers:
         except (pickle.PicklingError, AttributeError, TypeError) as err:
             log.info("tracing in this process: the recipe cannot be sent to a worker (%s)", err)
             return
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__, type(recipe).__module__])  # imported once, before the forks
-        self._pool = context.Pool(min(workers, len(jobs)))
+        processes = min(workers, len(jobs))
+        if fork_runs_autograd():
+            self.start_method = "fork"
+            self._pool = multiprocessing.get_context("fork").Pool(processes, initializer=_forked_worker)
+        else:
+            self.start_method = "forkserver"
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload([__name__, type(recipe).__module__])  # imported once, before the forks
+            self._pool = context.Pool(processes)
+        log.debug("trace workers: %d, started by %s", processes, self.start_method)
         self._pending = {job: self._pool.apply_async(_run_sent, (*sent, device, job)) for job in jobs}
 
     def has(self, job: TraceJob) -> bool:

@@ -29,7 +29,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
@@ -116,18 +115,53 @@ def _is_fake_arg(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and _is_fake(x)
 
 
-class _ValueReads(TorchFunctionMode):
-    """`.numpy()` / `.tolist()` of a fake tensor: a zero placeholder (no bytes behind it)."""
+def _fake_tolist(original: Callable[..., Any]) -> Callable[..., Any]:
+    def tolist(t: torch.Tensor) -> Any:
+        return np.zeros(tuple(t.shape), dtype=np.int64).tolist() if _is_fake(t) else original(t)
 
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func in (torch.Tensor.numpy, torch.Tensor.tolist) and args and _is_fake(args[0]):
-            t = args[0]
-            if func is torch.Tensor.tolist:
-                return np.zeros(tuple(t.shape), dtype=np.int64).tolist()
-            return np.zeros(0, dtype=np.uint8)
-        return func(*args, **kwargs)
+    return tolist
 
+
+def _fake_numpy(original: Callable[..., Any]) -> Callable[..., Any]:
+    def numpy(t: torch.Tensor, *, force: bool = False) -> Any:
+        return np.zeros(0, dtype=np.uint8) if _is_fake(t) else original(t, force=force)
+
+    return numpy
+
+
+@contextmanager
+def _value_reads() -> Iterator[None]:
+    """`.tolist()` / `.numpy()` of a fake tensor: a zero placeholder (no bytes behind it). `Tensor`'s two methods
+    are wrapped while tracing, not intercepted by a `TorchFunctionMode`: a mode would see every call and attribute
+    read of every tensor (a tenth of a traced step's time) for these two."""
+    own = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy")}  # None: `TensorBase`'s
+    torch.Tensor.tolist = _fake_tolist(torch.Tensor.tolist)  # type: ignore[method-assign]
+    torch.Tensor.numpy = _fake_numpy(torch.Tensor.numpy)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for name, method in own.items():
+            if method is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, method)
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
+def _fake_device(t: Any) -> torch.device | None:
+    """A fake tensor's device, answered as `FakeTensor.__torch_dispatch__` answers `prim.device` (the device it
+    poses as; meta inside a kernel), without the fake mode's dispatch: the autograd engine asks it for every input
+    of every node, two thirds of a traced step's dispatches. None for anything else (dispatched as usual)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if type(t) is not FakeTensor:
+        return None
+    return _META if t.fake_mode.in_kernel_invocation else t.fake_device
+
+
+_META = torch.device("meta")
 
 _SET_STORAGE = (torch.ops.aten.set_.source_Storage, torch.ops.aten.set_.source_Storage_storage_offset)
 
@@ -189,6 +223,10 @@ class StorageTracer(TorchDispatchMode):
         self.trace.end = len(self.trace.events)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _PRIM_DEVICE:
+            device = _fake_device(args[0])
+            if device is not None:
+                return device
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default and _is_fake(args[0]):
             flag = self._index_of.get(args[0].untyped_storage()) in self._overflow_flags
@@ -257,7 +295,7 @@ def tracing(tracer: StorageTracer) -> Iterator[StorageTracer]:
     original = nn.Module._apply
     nn.Module._apply = _apply_keeping_parameters  # type: ignore[method-assign]
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), tracer, _ValueReads():
+        with FakeTensorMode(allow_non_fake_inputs=True), tracer, _value_reads():
             yield tracer
     finally:
         nn.Module._apply = original  # type: ignore[method-assign]
