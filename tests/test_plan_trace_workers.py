@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import trainlab.memory.planner as planner
 import trainlab.memory.trace_workers as trace_workers
@@ -86,6 +88,14 @@ def test_no_fork_after_a_traced_backward_pass() -> None:
     recipe = _recipe(ToyRecipe)
     trace_training(recipe, device="cpu", micro_batch=2, grad_accumulation=1)
     assert not trace_workers.fork_runs_autograd()
+
+
+def test_a_probe_child_that_does_not_answer_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.Tensor, "backward", lambda *args, **kwargs: time.sleep(60))  # the child hangs
+    monkeypatch.setattr(trace_workers, "PROBE_SECONDS", 0.5)
+    started = time.monotonic()
+    assert not trace_workers.fork_runs_autograd()
+    assert time.monotonic() - started < 10
 
 
 FORKED_PLAN = """

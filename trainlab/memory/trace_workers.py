@@ -22,6 +22,8 @@ import logging
 import multiprocessing
 import os
 import pickle
+import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.pool import AsyncResult, Pool
@@ -35,6 +37,7 @@ from trainlab.memory.trace import PlanDevice, TracedRun, trace_training
 log = logging.getLogger(__name__)
 
 MAX_WORKERS = 4  # planning is a few traces: more workers than that would sit idle
+PROBE_SECONDS = 10.0  # `fork_runs_autograd`'s child answers in milliseconds
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ def auto_workers() -> int:
 
 def fork_runs_autograd() -> bool:
     """Whether a child forked from this process now can run a backward pass: one throw-away child tries (a tiny
-    backward on real tensors) and exits with the answer. False where `fork` does not exist."""
+    backward on real tensors) and exits with the answer. False where `fork` does not exist, or where the child has not
+    answered within `PROBE_SECONDS` (it is killed)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return False
     pid = os.fork()
@@ -85,8 +89,15 @@ def fork_runs_autograd() -> bool:
             code = 0
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + PROBE_SECONDS
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)  # stuck (a lock another thread held at the fork): no forked workers, then
+    os.waitpid(pid, 0)
+    return False
 
 
 def _forked_worker() -> None:
