@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# --trace-processes 0: workers (forked ~0.1 s to start, from a fork server ~3 s) pay where a trace takes seconds
+# --trace-processes 0: workers from a fork server (~3 s to start) pay where a trace takes seconds (forked: always)
 AUTO_WORKERS_FROM_SECONDS = 1.0
 
 USAGE = (
@@ -69,8 +69,9 @@ class PlanOptions:
     )
     trace_processes: int = option(
         0,
-        "processes tracing at once the configurations a plan with --gpu needs (0: one per core, at most 4, where a "
-        "trace is slow enough to gain: the first forward took over a second; 1: all in this process)",
+        "processes tracing at once the configurations a plan with --gpu needs (0: one per core, at most 4, forked "
+        "from this process; from a fork server where a fork cannot run autograd, and there only where a trace is "
+        "slow enough to gain: the first forward took over a second; 1: all in this process)",
         metavar="N",
         ge=0,
     )

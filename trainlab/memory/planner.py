@@ -36,7 +36,7 @@ from trainlab.memory.log_once import each_message_once
 from trainlab.memory.moco_keys import accumulation_lever_effect, moco_plan_notes
 from trainlab.memory.run_cost import DataRate, RunCost, known_dataset_size, run_cost, stored_data_rate
 from trainlab.memory.trace import PlanDevice, TracedRun, first_forward
-from trainlab.memory.trace_workers import TraceJob, TraceWorkers, trace_job
+from trainlab.memory.trace_workers import TraceJob, TraceWorkers, fork_runs_autograd, trace_job
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,9 @@ class PlanRequest:
     # processes tracing the configurations known ahead at once (`memory.trace_workers`; a script calling `plan` with
     # workers > 1 needs the `if __name__ == "__main__":` guard of any multiprocessing program)
     workers: int = 1
-    workers_from_seconds: float = 0.0  # ... only when the first forward took this long (a trace is ~5-10 x that)
+    # ... from a fork server (where they cannot be forked) only when the first forward took this long (a trace is
+    # ~5-10 x that); forked workers start before it, whatever it takes
+    workers_from_seconds: float = 0.0
 
 
 @dataclass
@@ -229,9 +231,10 @@ class _Tracer:
     def _started(self, job: TraceJob) -> bool:
         return self.workers is not None and self.workers.has(job)
 
-    def start_workers(self, jobs: list[TraceJob], workers: int) -> None:
-        """Trace `jobs` ahead, in `workers` processes (`memory.trace_workers`); later calls take them."""
-        self.workers = TraceWorkers(self.recipe, self.device, jobs, workers)
+    def start_workers(self, jobs: list[TraceJob], workers: int, forks: bool | None = None) -> None:
+        """Trace `jobs` ahead, in `workers` processes (`memory.trace_workers`; `forks` as there); later calls take
+        them."""
+        self.workers = TraceWorkers(self.recipe, self.device, jobs, workers, forks)
 
     def close(self) -> None:
         if self.workers is not None:
@@ -371,13 +374,18 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
     micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, request.gpus)
     searching = request.gpu is not None and request.search
     if request.workers > 1 and (searching or request.candidates):
-        started = time.perf_counter()
-        smallest_micro_batch(tracer)  # here first: the recipe is built (and its facts logged) in this process once
         jobs = _known_jobs(cfg, micro, searching)
-        if jobs and time.perf_counter() - started >= request.workers_from_seconds:
-            workers = min(request.workers, len(jobs))
+        workers = min(request.workers, len(jobs))
+        if jobs and fork_runs_autograd():  # forked workers start in ~0.1 s: before this process's first forward
             log.info("tracing %d configurations in %d worker processes at once", len(jobs), workers)
-            tracer.start_workers(jobs, workers)
+            tracer.start_workers(jobs, workers, forks=True)
+            smallest_micro_batch(tracer)  # the recipe is built (and its facts logged) in this process once
+        else:  # from a fork server (seconds to start): only where a trace takes long enough to gain
+            started = time.perf_counter()
+            smallest_micro_batch(tracer)
+            if jobs and time.perf_counter() - started >= request.workers_from_seconds:
+                log.info("tracing %d configurations in %d worker processes at once", len(jobs), workers)
+                tracer.start_workers(jobs, workers, forks=False)
     sharding = FsdpPlanner(recipe, request.fsdp) if request.fsdp is not None and request.gpus > 1 else None
 
     def total(b: Breakdown, gpus: int = request.gpus) -> int:

@@ -104,7 +104,7 @@ def _forked_worker() -> None:
     """A forked worker runs one thread: the OpenMP pool the parent used does not survive the fork (a parallel region
     in the child, real tensor work a recipe does while it is built, would wait for it forever), and a trace on fake
     tensors is single-threaded Python. It logs warnings only: the recipe's facts (logged again by each trace's build)
-    were logged once, by the planner's process."""
+    are logged once, by the planner's process."""
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
 
@@ -116,7 +116,15 @@ def _run_sent(recipe_class: type[Recipe[Any]], config: Any, device: PlanDevice, 
 class TraceWorkers:
     """Start `jobs` in `workers` processes; `take(job)` waits for one (raising what its trace raised)."""
 
-    def __init__(self, recipe: Recipe[Any], device: PlanDevice, jobs: Sequence[TraceJob], workers: int) -> None:
+    def __init__(
+        self,
+        recipe: Recipe[Any],
+        device: PlanDevice,
+        jobs: Sequence[TraceJob],
+        workers: int,
+        forks: bool | None = None,
+    ) -> None:
+        """`forks`: whether the workers may be forked from this process (None: `fork_runs_autograd` tells)."""
         self._pool: Pool | None = None
         self.start_method = ""  # "fork" or "forkserver" once started; "" when tracing in this process
         self._pending: dict[TraceJob, AsyncResult[TracedRun]] = {}
@@ -127,7 +135,7 @@ class TraceWorkers:
             log.info("tracing in this process: the recipe cannot be sent to a worker (%s)", err)
             return
         processes = min(workers, len(jobs))
-        if fork_runs_autograd():
+        if fork_runs_autograd() if forks is None else forks:
             self.start_method = "fork"
             self._pool = multiprocessing.get_context("fork").Pool(processes, initializer=_forked_worker)
         else:
