@@ -151,7 +151,7 @@ def test_fork_server_workers_plan_what_one_process_plans(monkeypatch: pytest.Mon
             methods.append(self.start_method)
             super().close()
 
-    monkeypatch.setattr(trace_workers, "fork_runs_autograd", lambda: False)
+    monkeypatch.setattr(planner, "fork_runs_autograd", lambda: False)  # as where a fork cannot run autograd
     monkeypatch.setattr(planner, "TraceWorkers", Recorded)
     assert plan(recipe, PlanRequest(device="cpu", gpu=gpu, workers=2)) == alone
     assert methods == ["forkserver"]
