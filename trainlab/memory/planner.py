@@ -375,17 +375,20 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
     searching = request.gpu is not None and request.search
     if request.workers > 1 and (searching or request.candidates):
         jobs = _known_jobs(cfg, micro, searching)
-        workers = min(request.workers, len(jobs))
-        if jobs and fork_runs_autograd():  # forked workers start in ~0.1 s: before this process's first forward
+        forks = bool(jobs) and fork_runs_autograd()
+
+        def start_workers() -> None:
+            workers = min(request.workers, len(jobs))
             log.info("tracing %d configurations in %d worker processes at once", len(jobs), workers)
-            tracer.start_workers(jobs, workers, forks=True)
-            smallest_micro_batch(tracer)  # the recipe is built (and its facts logged) in this process once
-        else:  # from a fork server (seconds to start): only where a trace takes long enough to gain
-            started = time.perf_counter()
-            smallest_micro_batch(tracer)
-            if jobs and time.perf_counter() - started >= request.workers_from_seconds:
-                log.info("tracing %d configurations in %d worker processes at once", len(jobs), workers)
-                tracer.start_workers(jobs, workers, forks=False)
+            tracer.start_workers(jobs, workers, forks)
+
+        if forks:  # forked workers start in ~0.1 s: before this process's first forward
+            start_workers()
+        started = time.perf_counter()
+        smallest_micro_batch(tracer)  # the recipe is built (and its facts logged) in this process once
+        # from a fork server (seconds to start) only where a trace takes long enough to gain
+        if jobs and not forks and time.perf_counter() - started >= request.workers_from_seconds:
+            start_workers()
     sharding = FsdpPlanner(recipe, request.fsdp) if request.fsdp is not None and request.gpus > 1 else None
 
     def total(b: Breakdown, gpus: int = request.gpus) -> int:

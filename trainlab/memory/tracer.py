@@ -29,6 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # loaded by `import torch`
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
@@ -106,8 +107,6 @@ def _output_tensors(out: Any) -> list[torch.Tensor] | tuple[torch.Tensor]:
 
 
 def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(t, FakeTensor) or t.device.type == "meta"
 
 
@@ -154,8 +153,6 @@ def _fake_device(t: Any) -> torch.device | None:
     """A fake tensor's device, answered as `FakeTensor.__torch_dispatch__` answers `prim.device` (the device it
     poses as; meta inside a kernel), without the fake mode's dispatch: the autograd engine asks it for every input
     of every node, two thirds of a traced step's dispatches. None for anything else (dispatched as usual)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     if type(t) is not FakeTensor:
         return None
     return _META if t.fake_mode.in_kernel_invocation else t.fake_device
@@ -290,8 +287,6 @@ def _apply_keeping_parameters(self: nn.Module, fn: Callable[[torch.Tensor], torc
 @contextmanager
 def tracing(tracer: StorageTracer) -> Iterator[StorageTracer]:
     """Run under fake tensors (no real memory, no real compute) with `tracer` recording on top."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     original = nn.Module._apply
     nn.Module._apply = _apply_keeping_parameters  # type: ignore[method-assign]
     try:
