@@ -84,6 +84,8 @@ SET_DTYPE_OPS: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
+_WATCHED = FP32_OPS | SET_DTYPE_OPS | {torch.Tensor.backward}
+
 _BACKWARD_OPTIONS = ("gradient", "retain_graph", "create_graph", "inputs")  # all unset: the engine's `loss.backward()`
 
 
@@ -113,7 +115,7 @@ class CudaAutocastPolicy(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if not self.enabled:
+        if func not in _WATCHED or not self.enabled:  # every torch call and tensor attribute read comes here
             return func(*args, **kwargs)
         if func is torch.Tensor.backward and len(args) == 1 and _plain_backward(kwargs):
             return self._backward(args[0])

@@ -34,6 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from trainlab.memory.fake_memo import FakeOpMemo
+
 Region = Literal["setup", "batch", "forward", "backward", "optimizer", "after_step"]
 
 
@@ -164,10 +166,16 @@ _SET_STORAGE = (torch.ops.aten.set_.source_Storage, torch.ops.aten.set_.source_S
 
 
 class StorageTracer(TorchDispatchMode):
-    """Records storage allocations and frees. Use with `tracing()`; set `region` / `step` as the run goes."""
+    """Records storage allocations and frees. Use with `tracing()`; set `region` / `step` as the run goes.
 
-    def __init__(self) -> None:
+    Args:
+        memo: answer repeated ops on fake tensors from `memory.fake_memo` (the same outputs, faster); False sends
+            every op through the fake mode.
+    """
+
+    def __init__(self, memo: bool = True) -> None:
         super().__init__()
+        self.memo = FakeOpMemo() if memo else None
         self.trace = Trace()
         self.region: Region = "setup"
         self.step = -1
@@ -233,7 +241,7 @@ class StorageTracer(TorchDispatchMode):
         dynamic = func in _DYNAMIC_SHAPE and args and _is_fake_arg(args[0])
         out = _dynamic_shape_placeholder(func, args, kwargs) if dynamic else None
         if out is None:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs) if self.memo is None else self.memo(func, args, kwargs)
         if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage) and args[1] not in self._index_of:
             self._external[args[1]] = True
         if self.in_recipe_hook:
