@@ -232,6 +232,12 @@ class StorageTracer(TorchDispatchMode):
             device = _fake_device(args[0])
             if device is not None:
                 return device
+        # below the dispatcher no torch-function mode applies: the CUDA autocast policy (`memory.cuda_autocast`)
+        # would otherwise see every tensor attribute this tracer and the fake mode read, and the fake kernels' calls
+        with torch._C.DisableTorchFunction():
+            return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func: Any, args: Any, kwargs: Any) -> Any:
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default and _is_fake(args[0]):
             flag = self._index_of.get(args[0].untyped_storage()) in self._overflow_flags
