@@ -349,17 +349,18 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
 
 
 def _known_jobs(cfg: Any, micro: int, searching: bool) -> list[TraceJob]:
-    """The configurations a plan with a GPU traces whatever it finds, the longest first: the fit's two points (at
-    accumulation 2), the configured run (with its FLOPs), and the levers' runs at the configured micro-batch
-    (activation checkpointing, bf16 for an fp32 run) when the plan searches. The planner's own process waits: with
-    as many workers as cores, one more tracing process would only share a core."""
+    """The configurations a plan with a GPU traces whatever it finds, in the order the plan needs them: the
+    configured run (with its FLOPs), the fit's two points (at accumulation 2; the search needs them and the configured
+    run), then the levers' runs at the configured micro-batch (activation checkpointing, bf16 for an fp32 run) when
+    the plan searches, so that the search runs beside the last trace. The planner's own process waits: with as many
+    workers as cores, one more tracing process would only share a core."""
     precision, checkpointing, accumulation = cfg.precision, cfg.activation_checkpointing, cfg.grad_accumulation
-    jobs = [
+    jobs = [TraceJob(micro, accumulation, precision, checkpointing, count_flops=True)]
+    jobs += [
         TraceJob(m, 2, precision, checkpointing, count_flops=False)
         for m in _Tracer.FIT_POINTS
         if (m, 2) != (micro, accumulation)
     ]
-    jobs.append(TraceJob(micro, accumulation, precision, checkpointing, count_flops=True))
     if searching and not checkpointing:
         jobs.append(TraceJob(micro, accumulation, precision, True, count_flops=False))
     if searching and precision == "fp32":
