@@ -32,7 +32,7 @@ def _traced(recipe: Any, memo: bool, monkeypatch: pytest.MonkeyPatch, accumulati
         return trace_training(recipe, device="cuda", micro_batch=4, grad_accumulation=accumulation)
 
 
-SLOW = {"tokenizer", "cifar"}  # about 12 s and 5 s; cifar's 16-bit cases below cover it
+SLOW = {"tokenizer", "cifar", "var"}  # about 12, 5 and 5 s; the cases below cover cifar and var
 CASES = [pytest.param(name, {}, marks=pytest.mark.slow) if name in SLOW else (name, {}) for name in list_recipes()] + [
     ("var", {"activation_checkpointing": True}),  # recomputation inside the backward
     ("cifar", {"precision": "bf16"}),  # pure 16-bit weights
