@@ -83,6 +83,9 @@ class _Entry:
     outputs: tuple[_Output, ...]
 
 
+_UNSEEN: Any = object()
+
+
 class FakeOpMemo:
     """Call `memo(func, args, kwargs)` where a `TorchDispatchMode` above `FakeTensorMode` would call
     `func(*args, **kwargs)`: the same outputs (see the module docstring)."""
@@ -107,12 +110,12 @@ class FakeOpMemo:
         mode = tensors[0].fake_mode
         if mode.in_kernel_invocation or (func.is_view and torch.is_inference_mode_enabled()):
             return func(*args, **kwargs)
-        if key not in self._entries:
+        entry = self._entries.get(key, _UNSEEN)  # one lookup: a key's tuple hash is not cached
+        if entry is _UNSEEN:
             self.misses += 1
             out = func(*args, **kwargs)
             self._entries[key] = _entry(out, tensors)
             return out
-        entry = self._entries[key]
         if entry is None:
             return func(*args, **kwargs)
         self.hits += 1
@@ -187,7 +190,7 @@ def _entry(out: Any, tensors: list[FakeTensor]) -> _Entry | None:
         if o is None:
             outputs.append(None)
             continue
-        if type(o) is not FakeTensor or o.constant is not None or o.layout is not torch.strided:
+        if type(o) is not FakeTensor or o.constant is not None or _layout(o) is not torch.strided:
             return None
         same = next((i for i, t in enumerate(tensors) if t is o), None)
         if same is not None:
