@@ -135,6 +135,23 @@ def test_the_smallest_micro_batch_is_traced_only_when_the_next_does_not_fit(capa
     assert (1 in calls) == (expected < 2)
 
 
+@pytest.mark.parametrize(("capacity", "smallest", "expected", "asked"), [(550, 2, 5, False), (150, 1, 1, True)])
+def test_the_smallest_micro_batch_is_found_only_where_2_does_not_fit(
+    capacity: int, smallest: int, expected: int, asked: bool
+) -> None:
+    """Every model trains on micro-batch 2: the first forward at micro-batch 1 that finds the smallest is run only
+    where 2 does not fit."""
+    asks: list[bool] = []
+
+    def lower() -> int:
+        asks.append(True)
+        return smallest
+
+    assert largest_fitting(lambda m: 100 * m, capacity, 16, lower=lower) == expected
+    assert bool(asks) == asked
+    assert largest_fitting(lambda m: 100 * m, 150, 16, lower=lambda: 2) == 0
+
+
 def test_a_batchnorm_model_on_a_tiny_gpu_is_planned_down_to_micro_batch_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

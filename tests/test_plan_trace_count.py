@@ -8,8 +8,10 @@ import dataclasses
 import pytest
 
 from trainlab.engine.debug import debug_run_config
+from trainlab.memory import planner
 from trainlab.memory.breakdown import breakdown
-from trainlab.memory.planner import _Tracer, smallest_micro_batch
+from trainlab.memory.gpus import GpuProfile
+from trainlab.memory.planner import PlanRequest, _Tracer, plan, smallest_micro_batch
 from trainlab.memory.trace import trace_training
 from trainlab.recipes.moco import MocoRecipe
 from trainlab.recipes.toy import ToyRecipe
@@ -54,3 +56,18 @@ def test_a_quadratic_recipe_is_fitted_of_degree_2() -> None:
     assert tracer.traced == 8  # the configured run; at accumulation 2: 4, 8, the check 6, 12; at 1: 4, 8, 12
     assert fitted[0] == breakdown(trace_training(recipe, device="cuda", micro_batch=13, grad_accumulation=2))
     assert fitted[1] == breakdown(trace_training(recipe, device="cuda", micro_batch=24, grad_accumulation=1))
+
+
+def test_a_plan_where_micro_batch_2_fits_runs_no_forward_at_micro_batch_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The smallest micro-batch (a first forward at 1) matters only where 2 does not fit: a search that stays above
+    it does not look for it."""
+    recipe = _toy()
+    ends = [
+        breakdown(trace_training(recipe, device="cpu", micro_batch=m, grad_accumulation=k)).peak_reserved_bytes
+        for m, k in ((2, 2), (recipe.config.batch_size, 1))
+    ]
+    forwards: list[int] = []
+    monkeypatch.setattr(planner, "first_forward", lambda *args, **kwargs: forwards.append(kwargs["micro_batch"]))
+    result = plan(recipe, PlanRequest(device="cpu", gpu=GpuProfile("tight", sum(ends) // 2, (9, 0))))
+    assert result.max_micro_batch is not None and 2 < result.max_micro_batch < recipe.config.batch_size
+    assert forwards == [] and result.min_micro_batch is None

@@ -239,7 +239,10 @@ def _element_size(dtype: torch.dtype | None, weights: int) -> int:
     return weights if dtype is None else dtype.itemsize
 
 
-def recipe_layout(recipe: Recipe[Any]) -> dict[str, list[ShardUnit]]:
+FsdpLayout = dict[str, list[ShardUnit]]  # trained model name -> its shard units
+
+
+def recipe_layout(recipe: Recipe[Any]) -> FsdpLayout:
     """The shard units of the recipe's trained models, built once on fake tensors inside `shapes_only` (no memory,
     no weights file needed).
 
@@ -266,9 +269,10 @@ def recipe_layout(recipe: Recipe[Any]) -> dict[str, list[ShardUnit]]:
 class FsdpPlanner:
     """The planner's FSDP mode: one layout per recipe, a per-rank total per traced breakdown."""
 
-    def __init__(self, recipe: Recipe[Any], settings: FsdpSettings) -> None:
+    def __init__(self, recipe: Recipe[Any], settings: FsdpSettings, layout: FsdpLayout | None = None) -> None:
+        """`layout`: the recipe's `recipe_layout` where the caller holds it (else it is built here)."""
         self.settings = settings
-        self.layout = recipe_layout(recipe)
+        self.layout = layout if layout is not None else recipe_layout(recipe)
         self.precision = Precision.parse(recipe.config.precision)
 
     def memory(self, b: Breakdown, world: int | None = None) -> FsdpMemory:

@@ -30,12 +30,12 @@ from trainlab.memory.batch_fit import FittedRun, affine_through, fit_micro_batch
 from trainlab.memory.breakdown import Breakdown, breakdown
 from trainlab.memory.flop_counter import StepFlops
 from trainlab.memory.flops import compute_name
-from trainlab.memory.fsdp_memory import FsdpMemory, FsdpPlanner, FsdpSettings
+from trainlab.memory.fsdp_memory import FsdpLayout, FsdpMemory, FsdpPlanner, FsdpSettings, recipe_layout
 from trainlab.memory.gpus import GpuProfile
 from trainlab.memory.log_once import each_message_once
 from trainlab.memory.moco_keys import accumulation_lever_effect, moco_plan_notes
 from trainlab.memory.run_cost import DataRate, RunCost, known_dataset_size, run_cost, stored_data_rate
-from trainlab.memory.trace import PlanDevice, TracedRun, first_forward
+from trainlab.memory.trace import PlanDevice, TracedRun, build_traced_run, first_forward
 from trainlab.memory.trace_workers import TraceJob, TraceWorkers, fork_runs_autograd, trace_job
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Plan:
     fits: bool | None = None
     margin_bytes: int | None = None
     max_micro_batch: int | None = None
-    min_micro_batch: int = 1  # the smallest micro-batch the model trains on (2 with BatchNorm)
+    min_micro_batch: int | None = None  # where even it does not fit: the smallest micro-batch the model trains on
     max_micro_batch_total_bytes: int | None = None
     suggested_grad_accumulation: int | None = None
     gpus_needed: int | None = None
@@ -176,6 +176,7 @@ class _Tracer:
         self.traced = 0
         self.smallest: int | None = None  # `smallest_micro_batch`'s answer
         self.workers: TraceWorkers | None = None  # traces started ahead (`start_workers`)
+        self._layout: FsdpLayout | None = None
 
     def __call__(
         self,
@@ -207,6 +208,12 @@ class _Tracer:
                 self.runs[(micro_batch, accumulation)] = run
             self.cache[key] = breakdown(run)
         return self.cache[key]
+
+    def layout(self) -> FsdpLayout:
+        """The recipe's FSDP shard units (`fsdp_memory.recipe_layout`: a build), built once."""
+        if self._layout is None:
+            self._layout = recipe_layout(self.recipe)
+        return self._layout
 
     def _trace(
         self, micro_batch: int, accumulation: int, precision: str, checkpointing: bool, count_flops: bool
@@ -383,14 +390,20 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
             log.info("tracing %d configurations in %d worker processes at once", len(jobs), workers)
             tracer.start_workers(jobs, workers, forks)
 
-        if forks:  # forked workers start in ~0.1 s: before this process's first forward
+        if forks:  # forked workers start in ~0.1 s; beside them the recipe is built here once (its facts logged)
             start_workers()
-        started = time.perf_counter()
-        smallest_micro_batch(tracer)  # the recipe is built (and its facts logged) in this process once
-        # from a fork server (seconds to start) only where a trace takes long enough to gain
-        if jobs and not forks and time.perf_counter() - started >= request.workers_from_seconds:
-            start_workers()
-    sharding = FsdpPlanner(recipe, request.fsdp) if request.fsdp is not None and request.gpus > 1 else None
+            if request.gpus > 1 and (request.fsdp is not None or searching):
+                tracer.layout()  # the build the FSDP plan or lever needs
+            else:
+                build_traced_run(recipe, device=request.device)
+        else:  # from a fork server (seconds to start) only where a trace takes long enough to gain
+            started = time.perf_counter()
+            smallest_micro_batch(tracer)
+            if jobs and time.perf_counter() - started >= request.workers_from_seconds:
+                start_workers()
+    sharding = (
+        FsdpPlanner(recipe, request.fsdp, tracer.layout()) if request.fsdp is not None and request.gpus > 1 else None
+    )
 
     def total(b: Breakdown, gpus: int = request.gpus) -> int:
         fsdp = sharding is not None and gpus > 1
@@ -423,7 +436,6 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
     if recipe.name == "moco":
         result.notes = moco_plan_notes(cfg, request.gpus, cfg.grad_accumulation, micro)
     if request.candidates:
-        result.min_micro_batch = smallest_micro_batch(tracer)
         result.candidates = _candidates(recipe, request, tracer, result)
     if request.gpu is None:
         result.traces = tracer.traced
@@ -437,9 +449,10 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
         result.traces = tracer.traced
         return result
     per_gpu_batch = cfg.batch_size // request.gpus
-    lower = result.min_micro_batch = smallest_micro_batch(tracer)
     at = _totals(tracer, request.device, request.gpu, request.gpus, sharding)
-    result.max_micro_batch = largest_micro_batch(at, capacity, per_gpu_batch, lower)
+    result.max_micro_batch = largest_micro_batch(at, capacity, per_gpu_batch, lambda: smallest_micro_batch(tracer))
+    if result.max_micro_batch == 0:  # the search found the smallest micro-batch, and even that does not fit
+        result.min_micro_batch = smallest_micro_batch(tracer)
     if result.max_micro_batch:
         m = result.max_micro_batch
         result.max_micro_batch_total_bytes = at(m, 1 if m >= per_gpu_batch else 2)
@@ -469,7 +482,9 @@ def _totals(
     return at
 
 
-def largest_micro_batch(at: Callable[[int, int], int], capacity: int, per_gpu_batch: int, lower: int) -> int:
+def largest_micro_batch(
+    at: Callable[[int, int], int], capacity: int, per_gpu_batch: int, lower: int | Callable[[], int]
+) -> int:
     """The largest micro-batch that fits, not capped at the per-GPU batch: below it the run accumulates (from the
     2nd micro-batch on, gradients live beside the activations, and micro-batches 3.. repeat the 2nd); from it on,
     one micro-batch per step. Above the per-GPU batch the bound doubles until a micro-batch does not fit."""
@@ -488,6 +503,7 @@ def largest_micro_batch(at: Callable[[int, int], int], capacity: int, per_gpu_ba
 
 
 MAX_MICRO_BATCH = 1 << 16  # the search's bound above the per-GPU batch
+EVERY_MODEL_TRAINS_ON = 2  # micro-batch 1 only where no BatchNorm sees one value per channel
 
 
 def _candidates(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, plan: Plan) -> list[Candidate]:
@@ -503,7 +519,7 @@ def _candidates(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, plan
                 continue
             per_gpu = batch // n
             at = _totals(tracer, request.device, gpu, n)
-            k = _smallest_fitting_accumulation(at, gpu.total_bytes, per_gpu, plan.min_micro_batch)
+            k = _smallest_fitting_accumulation(at, gpu.total_bytes, per_gpu, lambda: smallest_micro_batch(tracer))
             if k is None:
                 continue
             total = at(per_gpu // k, 1 if k == 1 else 2)
@@ -530,22 +546,20 @@ def _candidates(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, plan
 
 
 def _smallest_fitting_accumulation(
-    at: Callable[[int, int], int], capacity: int, per_gpu: int, min_micro_batch: int
+    at: Callable[[int, int], int], capacity: int, per_gpu: int, smallest: Callable[[], int]
 ) -> int | None:
     """The smallest accumulation k dividing `per_gpu` whose micro-batch per_gpu / k fits (None: not even the smallest
     micro-batch), bisected over those divisors only: every row of the table evaluates micro-batches from the same few,
-    so the GPUs and counts share their traces' replays."""
-    ks = [k for k in range(1, per_gpu + 1) if per_gpu % k == 0 and per_gpu // k >= min_micro_batch]
+    so the GPUs and counts share their traces' replays. Micro-batch 1 (traced for real, not fitted; refused by
+    BatchNorm where `smallest()` says 2) is tried only where no larger one fits."""
+    ks = [k for k in range(1, per_gpu + 1) if per_gpu % k == 0 and per_gpu // k >= EVERY_MODEL_TRAINS_ON]
 
     def fits(k: int) -> bool:
         return at(per_gpu // k, 1 if k == 1 else 2) <= capacity
 
-    if len(ks) > 1 and fits(ks[-2]):  # then the smallest micro-batch (traced for real, not fitted) fits too
-        high = len(ks) - 2
-    elif ks and fits(ks[-1]):
-        return ks[-1]
-    else:
-        return None
+    if not ks or not fits(ks[-1]):
+        return per_gpu if smallest() == 1 and fits(per_gpu) else None
+    high = len(ks) - 1
     low = 0  # ks[high] fits; the totals grow with the micro-batch
     while low < high:
         middle = (low + high) // 2
@@ -656,10 +670,15 @@ def auto_accumulation(recipe: Recipe[Any], device: PlanDevice, capacity: GpuProf
 
 
 def largest_fitting(
-    total_at: Callable[[int], int], capacity: int, upper: int, known_upper_fits: bool = False, lower: int = 1
+    total_at: Callable[[int], int],
+    capacity: int,
+    upper: int,
+    known_upper_fits: bool = False,
+    lower: int | Callable[[], int] = 1,
 ) -> int:
     """The largest m in [lower, upper] with total_at(m) <= capacity; 0 when even m = lower does not fit (`lower`: the
-    smallest micro-batch the model trains on, 2 with BatchNorm).
+    smallest micro-batch the model trains on, 2 with BatchNorm; or a function that finds it, called only where
+    micro-batch 2, which every model trains on, does not fit).
 
     The predicted total grows about linearly with the micro-batch (activations), in steps (allocator segments).
     So instead of bisecting with a trace per step, guess from the straight line through the two traced ends of the
@@ -676,6 +695,12 @@ def largest_fitting(
 
     if known_upper_fits or at(upper) <= capacity:
         return upper
+    if callable(lower):
+        lower = (
+            EVERY_MODEL_TRAINS_ON
+            if upper > EVERY_MODEL_TRAINS_ON and at(EVERY_MODEL_TRAINS_ON) <= capacity
+            else lower()
+        )
     if lower >= upper:
         return 0
     # the bracket's low end: lower + 1 where it fits (then lower does too, and the smallest micro-batch, which the
@@ -786,11 +811,12 @@ def _levers(
 def _fsdp_lever(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer, result: Plan, micro: int) -> Lever:
     """`--fsdp` on the same GPUs: its total at the configured micro-batch and the largest micro-batch it allows."""
     assert request.gpu is not None
-    sharding = FsdpPlanner(recipe, FsdpSettings(world=request.gpus))
+    sharding = FsdpPlanner(recipe, FsdpSettings(world=request.gpus), tracer.layout())
     at = _totals(tracer, request.device, request.gpu, request.gpus, sharding)
     t = at(micro, recipe.config.grad_accumulation)
     capacity = request.gpu.total_bytes
-    largest = largest_micro_batch(at, capacity, recipe.config.batch_size // request.gpus, result.min_micro_batch)
+    per_gpu_batch = recipe.config.batch_size // request.gpus
+    largest = largest_micro_batch(at, capacity, per_gpu_batch, lambda: smallest_micro_batch(tracer))
     ddp = result.max_micro_batch or 0
     if not largest:
         gain = "does not fit either"

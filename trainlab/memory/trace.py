@@ -69,8 +69,8 @@ class TracedRun:
     flops: StepFlops | None = None  # the last traced optimizer step's (with `count_flops`)
 
 
-class _ForwardDone(Exception):
-    """The first micro-batch's forward has run (`first_forward` wants no more)."""
+class _Stopped(Exception):
+    """The traced run has gone as far as `build_traced_run` or `first_forward` want."""
 
 
 class _RegionRecipe(Recipe[Any]):
@@ -111,7 +111,7 @@ class _RegionRecipe(Recipe[Any]):
         self.tracer.region = "forward"
         out = self.inner.train_step(models, batch, phase, info)
         if self.forward_only:
-            raise _ForwardDone
+            raise _Stopped
         self.tracer.region = "backward"
         return out
 
@@ -153,12 +153,20 @@ def _use_foreach(optimizer: torch.optim.Optimizer) -> None:
             group["foreach"] = True
 
 
+def build_traced_run(recipe: Recipe[Any], *, device: PlanDevice) -> None:
+    """Set up the traced run only: the recipe built on fake tensors (and its facts logged), no step."""
+    try:
+        _traced_run(recipe, device, 1, 1, None, None, False, stop="build")
+    except _Stopped:
+        return
+
+
 def first_forward(recipe: Recipe[Any], *, device: PlanDevice, micro_batch: int, grad_accumulation: int) -> None:
     """Set up the traced run and run its first micro-batch's forward only (the recipe's first pass included), for
     what that raises at this micro-batch (BatchNorm refuses one value per channel) at a fraction of a trace's cost."""
     try:
-        _traced_run(recipe, device, micro_batch, grad_accumulation, None, None, False, forward_only=True)
-    except _ForwardDone:
+        _traced_run(recipe, device, micro_batch, grad_accumulation, None, None, False, stop="forward")
+    except _Stopped:
         return
 
 
@@ -197,7 +205,7 @@ def _traced_run(
     length: RunLength | None,
     cuda_autocast: bool | None,
     count_flops: bool,
-    forward_only: bool = False,
+    stop: Literal["build", "forward"] | None = None,
 ) -> TracedRun:
     cfg = recipe.config
     precision = Precision.parse(cfg.precision)
@@ -222,7 +230,9 @@ def _traced_run(
             _hook_optimizer(tracer, phase.optimizer)
 
     hooks = AssemblyHooks(
-        place=place, after_build=after_build, step_recipe=lambda r: _RegionRecipe(r, tracer, forward_only)
+        place=place,
+        after_build=after_build,
+        step_recipe=lambda r: _RegionRecipe(r, tracer, forward_only=stop == "forward"),
     )
     counter = FlopCounter(tracer) if count_flops else None
     with (
@@ -234,6 +244,8 @@ def _traced_run(
         precision.default_dtype(),
     ):
         run = assemble(recipe, device=cpu, precision=precision, length_of=lambda parts: planned, hooks=hooks)
+        if stop == "build":
+            raise _Stopped
         parts, runner = run.parts, run.runner
         for scaler in runner.scalers.values():
             _mark_micro_steps_end(tracer, scaler)
