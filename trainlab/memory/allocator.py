@@ -48,18 +48,23 @@ def segment_size(block_size: int) -> int:
     return ROUND_LARGE * ((block_size + ROUND_LARGE - 1) // ROUND_LARGE)
 
 
-@dataclass(eq=False)
 class Block:
-    segment: int
-    offset: int
-    size: int
-    small: bool
-    allocated: bool = False
-    previous: Block | None = None
-    next: Block | None = None
+    """A block of a segment: free (cached) or handed out; `previous` / `next` are its neighbours in the segment."""
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.size, self.segment, self.offset)
+    __slots__ = ("allocated", "next", "offset", "previous", "segment", "size", "small")
+
+    def __init__(
+        self,
+        segment: int,
+        offset: int,
+        size: int,
+        small: bool,
+        previous: Block | None = None,
+        next: Block | None = None,
+    ) -> None:
+        self.segment, self.offset, self.size, self.small = segment, offset, size, small
+        self.allocated = False
+        self.previous, self.next = previous, next
 
 
 class OutOfMemory(Exception):
@@ -99,47 +104,45 @@ class CachingAllocatorModel:
         """Allocate `size` bytes; returns the block (pass it to `free`)."""
         rounded = round_size(size)
         small = rounded <= SMALL_SIZE
-        block = self._best_fit(rounded, small)
-        if block is None:
-            block = self._new_segment(segment_size(rounded), small)
-        else:
-            self._remove_free(block)
+        keys = self._free[small]
+        i = bisect.bisect_left(keys, (rounded, -1, -1))  # best fit: the smallest cached block that serves it
+        block = self._blocks.pop(keys.pop(i)) if i < len(keys) else self._new_segment(segment_size(rounded), small)
         remaining = block.size - rounded
-        if (small and remaining >= MIN_BLOCK_SIZE) or (not small and remaining > SMALL_SIZE):
-            rest = Block(block.segment, block.offset + rounded, remaining, small, previous=block, next=block.next)
+        if (remaining >= MIN_BLOCK_SIZE) if small else (remaining > SMALL_SIZE):
+            rest = Block(block.segment, block.offset + rounded, remaining, small, block, block.next)
             if block.next is not None:
                 block.next.previous = rest
             block.next = rest
             block.size = rounded
             self._insert_free(rest)
         block.allocated = True
-        self.stats.allocated_bytes += block.size
-        self.stats.peak_allocated_bytes = max(self.stats.peak_allocated_bytes, self.stats.allocated_bytes)
+        stats = self.stats
+        stats.allocated_bytes += block.size
+        if stats.allocated_bytes > stats.peak_allocated_bytes:
+            stats.peak_allocated_bytes = stats.allocated_bytes
         return block
 
     def free(self, block: Block) -> None:
         assert block.allocated, "double free"
         block.allocated = False
         self.stats.allocated_bytes -= block.size
-        for neighbour in (block.previous, block.next):
-            if neighbour is not None and not neighbour.allocated:
-                self._remove_free(neighbour)
-                self._merge(block, neighbour)
+        previous, following = block.previous, block.next
+        if previous is not None and not previous.allocated:
+            self._remove_free(previous)
+            self._merge(block, previous)
+        if following is not None and not following.allocated:
+            self._remove_free(following)
+            self._merge(block, following)
         self._insert_free(block)
 
     # -------------------------------------------------------------------------------------- internals
-    def _best_fit(self, size: int, small: bool) -> Block | None:
-        keys = self._free[small]
-        i = bisect.bisect_left(keys, (size, -1, -1))
-        return self._blocks[keys[i]] if i < len(keys) else None
-
     def _insert_free(self, block: Block) -> None:
-        key = block.key()
+        key = (block.size, block.segment, block.offset)
         bisect.insort(self._free[block.small], key)
         self._blocks[key] = block
 
     def _remove_free(self, block: Block) -> None:
-        key = block.key()
+        key = (block.size, block.segment, block.offset)
         keys = self._free[block.small]
         i = bisect.bisect_left(keys, key)
         assert i < len(keys) and keys[i] == key
@@ -189,13 +192,15 @@ class CachingAllocatorModel:
 def replay(events: list[tuple[int, int]], sizes: list[int], capacity_bytes: int | None = None) -> AllocatorStats:
     """Replay (+1 / -1, storage index) events of storages of `sizes[index]` bytes through the allocator model."""
     model = CachingAllocatorModel(capacity_bytes)
+    malloc, free = model.malloc, model.free
     live: dict[int, Block] = {}
     for kind, index in events:
         if kind > 0:
-            if sizes[index] > 0:  # an empty storage takes no block (the allocator returns a null pointer)
-                live[index] = model.malloc(sizes[index])
+            size = sizes[index]
+            if size > 0:  # an empty storage takes no block (the allocator returns a null pointer)
+                live[index] = malloc(size)
         else:
             block = live.pop(index, None)
             if block is not None:
-                model.free(block)
+                free(block)
     return model.stats
