@@ -9,6 +9,7 @@ keeps the global batch, the GPUs the batch needs, levers, and the seed's hand es
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import sys
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -247,7 +248,13 @@ def main(argv: list[str]) -> int:
         workers=options.trace_processes or auto_workers(),
         workers_from_seconds=AUTO_WORKERS_FROM_SECONDS if options.trace_processes == 0 else 0.0,
     )
-    result = plan(recipe, request)
+    # what is alive now (torch, the recipe's modules) outlives the plan: the collector's full passes skip it while
+    # the plan runs (they were a tenth of a trace's time), in this process and the trace workers forked from it
+    gc.freeze()
+    try:
+        result = plan(recipe, request)
+    finally:
+        gc.unfreeze()
     hand = _hand(recipe, result)
     if options.json:
         print(json.dumps(to_json(result, hand), indent=2))
