@@ -238,7 +238,6 @@ def _traced_run(
     with (
         shapes_only(),
         tracing(tracer),
-        counter if counter is not None else contextlib.nullcontext(),
         torch.random.fork_rng(devices=[]),
         CudaAutocastPolicy(enabled=use_cuda_policy),
         precision.default_dtype(),
@@ -263,7 +262,9 @@ def _traced_run(
                 log_now=True,
                 num_micro_steps=grad_accumulation,
             )
-            runner.run(batches, info)
+            last = position == len(steps) - 1  # only the last step is counted (op by op, a third of a trace)
+            with counter if counter is not None and last else contextlib.nullcontext():
+                runner.run(batches, info)
         tracer.mark_end()
         tracer.region = "after_step"
         trained = [p for m in parts.models.values() for p in m.parameters()]
