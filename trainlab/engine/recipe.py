@@ -383,6 +383,8 @@ class Recipe(ABC, Generic[ConfigT]):
     best_mode: Literal["max", "min"] = "max"
     resume_may_change: tuple[str, ...] = ()  # config fields (`data.root`: dotted) a resume may change; all others
     # must equal the checkpoint's (a resume that would silently compute something else is refused, naming the field)
+    last_step_repeats_previous: bool = True  # the run's last optimizer step runs what the one before it runs (the
+    # planner then copies that step instead of tracing it, `memory.step_repeat`); False where it does something less
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Refuse public class attributes the engine does not read (a typo such as `best_metrc`, or a dead setting):

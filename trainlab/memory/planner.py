@@ -176,6 +176,10 @@ class _Tracer:
         self.traced = 0
         self.smallest: int | None = None  # `smallest_micro_batch`'s answer
         self.workers: TraceWorkers | None = None  # traces started ahead (`start_workers`)
+        # the fit's points at accumulation 2 are traced with their last step copied (`memory.step_repeat`), used only
+        # once a fit through them holds (checked against real traces), else traced again in full
+        self.copies = recipe.last_step_repeats_previous
+        self.copied: set[tuple[int, int]] = set()  # held runs whose last step is a copy
         self._layout: FsdpLayout | None = None
 
     def __call__(
@@ -195,6 +199,8 @@ class _Tracer:
             self.cache.pop(key, None)
         if key in self.cache:
             return self.cache[key]
+        if configured and (micro_batch, accumulation) in self.copied:
+            self._fit(accumulation)  # checks the copy (or traces the point again in full)
         held = self.runs.get((micro_batch, accumulation)) if configured else None
         if held is not None and (not count_flops or held.flops is not None):
             self.cache[key] = breakdown(held)
@@ -216,9 +222,15 @@ class _Tracer:
         return self._layout
 
     def _trace(
-        self, micro_batch: int, accumulation: int, precision: str, checkpointing: bool, count_flops: bool
+        self,
+        micro_batch: int,
+        accumulation: int,
+        precision: str,
+        checkpointing: bool,
+        count_flops: bool,
+        repeat_last_step: bool = False,
     ) -> TracedRun:
-        job = TraceJob(micro_batch, accumulation, precision, checkpointing, count_flops)
+        job = TraceJob(micro_batch, accumulation, precision, checkpointing, count_flops, repeat_last_step)
         if self.workers is not None and self.workers.has(job):  # started ahead
             run = self.workers.take(job)
         else:
@@ -252,10 +264,12 @@ class _Tracer:
         if (micro_batch, accumulation) not in self.runs:
             cfg = self.recipe.config
             with_flops = TraceJob(micro_batch, accumulation, cfg.precision, cfg.activation_checkpointing, True)
-            run = self._trace(
-                micro_batch, accumulation, cfg.precision, cfg.activation_checkpointing, self._started(with_flops)
-            )
+            flops = self._started(with_flops)
+            copy = not flops and self.copies and accumulation == 2 and micro_batch in self.FIT_POINTS
+            run = self._trace(micro_batch, accumulation, cfg.precision, cfg.activation_checkpointing, flops, copy)
             self.runs[(micro_batch, accumulation)] = run
+            if copy:
+                self.copied.add((micro_batch, accumulation))
         return self.runs[(micro_batch, accumulation)]
 
     def _held(self, accumulation: int) -> list[int]:
@@ -271,35 +285,44 @@ class _Tracer:
 
     def _fit(self, accumulation: int) -> FittedRun | None:
         if accumulation not in self.fits:
-            fit = self._fit_from_accumulation_2() if accumulation == 1 else None
-            if fit is not None:
-                self.fits[accumulation] = fit
-                log.debug("micro-batch fit at accumulation 1: derived from accumulation 2, holds")
-                return fit
-            low, high = (self._configured_run(m, accumulation) for m in self.FIT_POINTS)
-            fit = self._fit_checked_at_accumulation_1(low, high) if accumulation == 2 else None
-            if fit is not None:
-                self.fits[accumulation] = fit
-                log.debug("micro-batch fit at accumulation 2: holds (checked at accumulation 1)")
-                return fit
-            others = [m for (m, k) in self.runs if k == accumulation and m not in self.FIT_POINTS]
-            larger = [m for m in others if m >= self.FIT_FROM]
-            if not larger and others:  # a trace below `FIT_FROM` (the smallest micro-batch's) checks it when it can
-                fit = fit_micro_batch(low, high, self.runs[(max(others), accumulation)])
-            if fit is None:
-                check = self._configured_run(max(larger) if larger else self.FIT_CHECK, accumulation)
-                fit = fit_micro_batch(low, high, check)
-                if fit is None:  # of degree 2 (MoCo's B x B logits), through the three, checked by one more trace
-                    points = sorted([low, high, check], key=lambda r: r.micro_batch)
-                    fourth = next(m for m in self.QUADRATIC_CHECKS if m not in {p.micro_batch for p in points})
-                    fit = fit_quadratic(points, self._configured_run(fourth, accumulation))
+            fit = self._fit_once(accumulation)
+            copied = [(m, k) for (m, k) in self.copied if k == accumulation]
+            if fit is None and copied:  # the copied steps may be what does not hold: the points traced in full
+                log.debug(
+                    "micro-batch fit at accumulation %d: tracing its points again without copied steps", accumulation
+                )
+                self.copies = False
+                for key in copied:
+                    self.copied.discard(key)
+                    del self.runs[key]
+                    self.cache = {k: b for k, b in self.cache.items() if k[:2] != key}
+                fit = self._fit_once(accumulation)
             self.fits[accumulation] = fit
-            log.debug(
-                "micro-batch fit at accumulation %d: %s",
-                accumulation,
-                "holds" if self.fits[accumulation] else "does not hold",
-            )
+            log.debug("micro-batch fit at accumulation %d: %s", accumulation, "holds" if fit else "does not hold")
         return self.fits[accumulation]
+
+    def _fit_once(self, accumulation: int) -> FittedRun | None:
+        fit = self._fit_from_accumulation_2() if accumulation == 1 else None
+        if fit is not None:
+            log.debug("micro-batch fit at accumulation 1: derived from accumulation 2")
+            return fit
+        low, high = (self._configured_run(m, accumulation) for m in self.FIT_POINTS)
+        fit = self._fit_checked_at_accumulation_1(low, high) if accumulation == 2 else None
+        if fit is not None:
+            log.debug("micro-batch fit at accumulation 2: checked at accumulation 1")
+            return fit
+        others = [m for (m, k) in self.runs if k == accumulation and m not in self.FIT_POINTS]
+        larger = [m for m in others if m >= self.FIT_FROM]
+        if not larger and others:  # a trace below `FIT_FROM` (the smallest micro-batch's) checks it when it can
+            fit = fit_micro_batch(low, high, self.runs[(max(others), accumulation)])
+        if fit is None:
+            check = self._configured_run(max(larger) if larger else self.FIT_CHECK, accumulation)
+            fit = fit_micro_batch(low, high, check)
+            if fit is None:  # of degree 2 (MoCo's B x B logits), through the three, checked by one more trace
+                points = sorted([low, high, check], key=lambda r: r.micro_batch)
+                fourth = next(m for m in self.QUADRATIC_CHECKS if m not in {p.micro_batch for p in points})
+                fit = fit_quadratic(points, self._configured_run(fourth, accumulation))
+        return fit
 
     def _fit_checked_at_accumulation_1(self, low: TracedRun, high: TracedRun) -> FittedRun | None:
         """The fit at accumulation 2 through `low` and `high` without a third trace: where their first micro-batches
@@ -355,16 +378,17 @@ def plan(recipe: Recipe[Any], request: PlanRequest) -> Plan:
             tracer.close()
 
 
-def _known_jobs(cfg: Any, micro: int, searching: bool) -> list[TraceJob]:
+def _known_jobs(cfg: Any, micro: int, searching: bool, copies: bool) -> list[TraceJob]:
     """The configurations a plan with a GPU traces whatever it finds, in the order the plan needs them: the
     configured run (with its FLOPs), the fit's two points (at accumulation 2; the search needs them and the configured
     run), then the levers' runs at the configured micro-batch (activation checkpointing, bf16 for an fp32 run) when
     the plan searches, so that the search runs beside the last trace. The planner's own process waits: with as many
-    workers as cores, one more tracing process would only share a core."""
+    workers as cores, one more tracing process would only share a core. `copies`: the fit's points are traced with
+    their last step copied (`_Tracer.copies`)."""
     precision, checkpointing, accumulation = cfg.precision, cfg.activation_checkpointing, cfg.grad_accumulation
     jobs = [TraceJob(micro, accumulation, precision, checkpointing, count_flops=True)]
     jobs += [
-        TraceJob(m, 2, precision, checkpointing, count_flops=False)
+        TraceJob(m, 2, precision, checkpointing, count_flops=False, repeat_last_step=copies)
         for m in _Tracer.FIT_POINTS
         if (m, 2) != (micro, accumulation)
     ]
@@ -382,7 +406,7 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
     micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, request.gpus)
     searching = request.gpu is not None and request.search
     if request.workers > 1 and (searching or request.candidates):
-        jobs = _known_jobs(cfg, micro, searching)
+        jobs = _known_jobs(cfg, micro, searching, tracer.copies)
         forks = bool(jobs) and fork_runs_autograd()
 
         def start_workers() -> None:

@@ -42,6 +42,7 @@ from trainlab.engine.recipe import Batch, Recipe, StepInfo, TrainParts
 from trainlab.engine.run_length import RunLength, run_length
 from trainlab.memory.cuda_autocast import CudaAutocastPolicy
 from trainlab.memory.flop_counter import FlopCounter, StepFlops
+from trainlab.memory.step_repeat import repeat_last_step
 from trainlab.memory.tracer import Region, StorageTracer, Trace, tracing
 from trainlab.user_files import shapes_only
 
@@ -179,6 +180,7 @@ def trace_training(
     length: RunLength | None = None,
     cuda_autocast: bool | None = None,
     count_flops: bool = False,
+    repeat_last_step: bool = False,
 ) -> TracedRun:
     """Run the recipe's training step on fake tensors and record every storage allocation and free.
 
@@ -190,11 +192,17 @@ def trace_training(
         length: the run's length (default: `planned_length` of the config's epochs and --max-steps).
         cuda_autocast: substitute CUDA autocast's cast policy (default: when `device` is "cuda").
         count_flops: also count the FLOPs and bytes of the last traced optimizer step (`memory.flop_counter`).
+        repeat_last_step: the last traced step copied from the one before it where the trace has the shape for it
+            (`memory.step_repeat`: a third less tracing; unchecked, see there), else traced; not with `count_flops`.
 
     Returns:
         The trace, with parameters, gradients, optimizer states, frozen models and averaged copies labelled.
     """
-    return _traced_run(recipe, device, micro_batch, grad_accumulation, length, cuda_autocast, count_flops)
+    if repeat_last_step and count_flops:
+        raise ValueError("a repeated step has no FLOP count: repeat_last_step excludes count_flops")
+    return _traced_run(
+        recipe, device, micro_batch, grad_accumulation, length, cuda_autocast, count_flops, repeat=repeat_last_step
+    )
 
 
 def _traced_run(
@@ -206,6 +214,7 @@ def _traced_run(
     cuda_autocast: bool | None,
     count_flops: bool,
     stop: Literal["build", "forward"] | None = None,
+    repeat: bool = False,
 ) -> TracedRun:
     cfg = recipe.config
     precision = Precision.parse(cfg.precision)
@@ -250,7 +259,12 @@ def _traced_run(
             _mark_micro_steps_end(tracer, scaler)
         batches = _batches(recipe, tracer, micro_batch)
         steps = traced_step_indices(planned.stop_step)
+        repeated: Trace | None = None
         for position, step in enumerate(steps):
+            if repeat and position == 2 and len(steps) == 3:
+                repeated = repeat_last_step(tracer.trace)
+                if repeated is not None:
+                    break
             tracer.step = position
             tracer.region = "batch"
             tracer.mark_step_start()
@@ -284,6 +298,8 @@ def _traced_run(
         )
         del run, runner, parts, batches
     traced.trace.events = traced.trace.events[: traced.trace.end]
+    if repeated is not None:
+        traced.trace = repeated
     return traced
 
 

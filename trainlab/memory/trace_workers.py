@@ -49,6 +49,7 @@ class TraceJob:
     precision: str
     checkpointing: bool
     count_flops: bool
+    repeat_last_step: bool = False  # `trace_training`'s: the last step copied (the micro-batch fit's points)
 
 
 def trace_job(recipe: Recipe[Any], device: PlanDevice, job: TraceJob) -> TracedRun:
@@ -63,6 +64,7 @@ def trace_job(recipe: Recipe[Any], device: PlanDevice, job: TraceJob) -> TracedR
         micro_batch=job.micro_batch,
         grad_accumulation=job.grad_accumulation,
         count_flops=job.count_flops,
+        repeat_last_step=job.repeat_last_step,
     )
 
 

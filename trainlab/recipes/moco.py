@@ -234,6 +234,7 @@ class MocoRecipe(Recipe[MocoConfig]):
         *("data.root", "knn_k", "knn_temperature", "data.eval_limit", "eval_batch_size"),  # the kNN monitor
         "augment_device",  # the same draws, float rounding apart
     )
+    last_step_repeats_previous = False  # no momentum update after the last step (`after_optimizer_step`)
 
     def __init__(self, config: MocoConfig) -> None:
         super().__init__(config)
