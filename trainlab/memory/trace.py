@@ -12,7 +12,8 @@ The run's length: no data is read, so the planner assumes a long run of about `P
 over the config's epochs, stopped by `--max-steps` when that is set (`engine.run_length`: the same definition as the
 Trainer's). Traced optimizer steps: the first (it creates the optimizer states) and the last two before the run
 stops, so phases that start late (a GAN's discriminator) and progressive schedules are at their largest; the
-steady-state window is everything after the first traced step.
+steady-state window is everything after the first traced step. With `repeat_last_step` the last traced step is a copy
+of the one before it (`memory.step_repeat`), where the trace has the shape for one.
 
 For `device="cuda"` the step is still traced on fake CPU tensors: autograd on fake CUDA tensors needs a real CUDA
 context (reference B.3), and fake parameters cannot be moved between devices. What differs on CUDA is substituted:
