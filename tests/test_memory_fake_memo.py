@@ -104,3 +104,30 @@ def test_value_dependent_ops_and_inference_views_go_to_the_fake_mode() -> None:
         for _ in range(2):
             memo(aten.resize_.default, (torch.empty(3), [5]), {})
     assert memo.hits == 0 and memo.misses == 0
+
+
+def test_factory_calls_are_memoized_in_the_mode_they_are_given() -> None:
+    aten = torch.ops.aten
+    calls = [
+        (aten.empty.memory_format, ([4, 6],), {"dtype": torch.float16, "device": torch.device("cpu")}),
+        (aten.zeros.default, ([3, 5],), {}),
+        (aten.full.default, ([2, 2], 1.5), {}),
+        (aten.empty_strided.default, ([4, 6], [1, 4]), {}),
+    ]
+    with FakeTensorMode() as mode:
+        expected = [func(*args, **kwargs) for func, args, kwargs in calls]
+        without_mode = FakeOpMemo()
+        for func, args, kwargs in calls:
+            without_mode(func, args, kwargs)
+        assert without_mode.hits == 0 and without_mode.misses == 0  # no mode to build them in: the fake mode answers
+        memo = FakeOpMemo()
+        memo.mode = mode
+        for _ in range(2):  # the first call asks the fake mode, the second is rebuilt
+            outputs = [memo(func, args, kwargs) for func, args, kwargs in calls]
+    assert memo.hits == len(calls) and memo.misses == len(calls)
+    for got, want in zip(outputs, expected, strict=True):
+        assert type(got) is FakeTensor and got.fake_mode is mode
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+        assert got.fake_device == want.device
+        assert got.untyped_storage().nbytes() == want.untyped_storage().nbytes()
+    assert len({t.untyped_storage()._cdata for t in outputs}) == len(outputs)  # each on a storage of its own

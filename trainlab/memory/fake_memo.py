@@ -7,12 +7,16 @@ output from its cache is most of a traced training step's time (about 200 us per
 `FakeOpMemo` keeps its own, leaner key and rebuilds an output the way the fake mode's cache does (a meta tensor of
 the cached sizes and strides wrapped as a `FakeTensor`; a view on its input's storage; an in-place op's own
 argument), so a step that runs the same ops again (every micro-batch, every traced step) pays a few tens of
-microseconds per op. The first call of each key goes through the fake mode, which says what the output is.
+microseconds per op. The first call of each key goes through the fake mode, which says what the output is, except
+for the few ops whose fake implementation is a Python decomposition of hundreds of ops (`memory.fake_shape_rules`:
+their output from the kernel's own shape rule). Factory calls (`torch.empty`, `torch.zeros`, ...: no tensor
+argument) are memoized too, in the fake mode the tracer runs under (`FakeOpMemo.mode`).
 
 Not memoized (they go through the fake mode every time): ops whose outputs depend on values or change an
 argument's metadata (torch's `data_dependent_output`, `dynamic_output_shape`, `inplace_view` tags; `set_`,
 `resize_`), ops outside `aten` and `prims`, calls with a real tensor, a constant-carrying fake tensor, another
-fake mode's tensor or a non-strided layout among the arguments, calls inside a fake kernel, view ops under
+fake mode's tensor or a non-strided layout among the arguments, factory calls with no fake mode set, calls inside a
+fake kernel, view ops under
 inference mode (autograd cannot share an inference tensor's version counter), and outputs the rebuild would not
 reproduce (a fresh output on a storage larger than it needs, two outputs sharing a fresh storage, non-tensor
 outputs other than None).
@@ -25,12 +29,15 @@ recipe's trace with the memo against the trace without it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from trainlab.memory.fake_shape_rules import SHAPE_RULES
 
 _aten = torch.ops.aten
 _BYPASS_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape, torch.Tag.inplace_view)
@@ -93,6 +100,7 @@ class FakeOpMemo:
     def __init__(self) -> None:
         self._entries: dict[Hashable, _Entry | None] = {}  # None: the fake mode's output cannot be rebuilt
         self._eligible: dict[Any, bool] = {}
+        self.mode: FakeTensorMode | None = None  # where factory calls (no tensor argument) build their outputs
         self.hits = 0
         self.misses = 0
 
@@ -104,16 +112,20 @@ class FakeOpMemo:
             return func(*args, **kwargs)
         tensors: list[FakeTensor] = []
         try:
-            key = _key(func, args, kwargs, tensors)
+            key = _key(func, args, kwargs, tensors, self.mode)
         except _NotMemoized:
             return func(*args, **kwargs)
-        mode = tensors[0].fake_mode
+        mode = tensors[0].fake_mode if tensors else self.mode
+        assert mode is not None  # `_key` refuses a factory call without a mode
         if mode.in_kernel_invocation or (func.is_view and torch.is_inference_mode_enabled()):
             return func(*args, **kwargs)
         entry = self._entries.get(key, _UNSEEN)  # one lookup: a key's tuple hash is not cached
         if entry is _UNSEEN:
             self.misses += 1
-            out = func(*args, **kwargs)
+            rule = SHAPE_RULES.get(func)
+            out = NotImplemented if rule is None else rule(mode, *args, **kwargs)
+            if out is NotImplemented:
+                out = func(*args, **kwargs)
             self._entries[key] = _entry(out, tensors)
             return out
         if entry is None:
@@ -131,8 +143,12 @@ def _eligible(func: Any) -> bool:
     )
 
 
-def _key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[FakeTensor]) -> Hashable:
-    """The call's key; its fake tensor arguments are appended to `tensors` in order. Raises `_NotMemoized`."""
+def _key(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[FakeTensor], mode: FakeTensorMode | None
+) -> Hashable:
+    """The call's key; its fake tensor arguments are appended to `tensors` in order. A call without one is keyed only
+    where it is a factory (torch's own test: no tensor in its schema) and `mode` is the fake mode to build it in.
+    Raises `_NotMemoized`."""
     parts: list[Any] = [func, torch.get_default_dtype(), torch.is_inference_mode_enabled()]
     for value in args:
         _describe(value, parts, tensors)
@@ -140,11 +156,25 @@ def _key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list
         parts.append(name)
         _describe(value, parts, tensors)
     if not tensors:
-        raise _NotMemoized  # a factory op: its fake mode is not among the arguments
+        if mode is None or not _is_factory(func):
+            raise _NotMemoized
+        return tuple(parts)
     mode = tensors[0].fake_mode
     if any(t.fake_mode is not mode for t in tensors):
         raise _NotMemoized
     return tuple(parts)
+
+
+@functools.cache
+def _is_factory(func: Any) -> bool:
+    """No tensor among the schema's arguments, one tensor returned (`torch.empty`, `zeros`, `full`, `rand`, ...)."""
+    tensor = torch._C.TensorType.get()
+
+    def holds_tensor(kind: Any) -> bool:
+        return bool(kind.isSubtypeOf(tensor)) or any(holds_tensor(k) for k in kind.containedTypes())
+
+    schema = func._schema
+    return not any(holds_tensor(a.type) for a in schema.arguments) and [r.type for r in schema.returns] == [tensor]
 
 
 def _describe(value: Any, parts: list[Any], tensors: list[FakeTensor]) -> None:

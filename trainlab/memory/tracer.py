@@ -304,7 +304,9 @@ def tracing(tracer: StorageTracer) -> Iterator[StorageTracer]:
     original = nn.Module._apply
     nn.Module._apply = _apply_keeping_parameters  # type: ignore[method-assign]
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), tracer, _value_reads():
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, tracer, _value_reads():
+            if tracer.memo is not None:
+                tracer.memo.mode = mode  # factory calls are memoized in it
             yield tracer
     finally:
         nn.Module._apply = original  # type: ignore[method-assign]
