@@ -20,10 +20,13 @@ from trainlab.memory.fsdp_memory import (
     fsdp_memory,
     gathered_working_set,
     model_units,
+    recipe_layout,
     shard_rows,
 )
 from trainlab.memory.gpus import gpu_profile
 from trainlab.memory.planner import PlanRequest, plan
+from trainlab.memory.trace import trace_training
+from trainlab.recipes import get_recipe
 from trainlab.recipes.var import VARRecipe
 
 MIB = 2**20
@@ -191,3 +194,18 @@ def test_fsdp_on_one_gpu_is_a_no_op_and_offload_needs_fsdp(capsys: pytest.Captur
     assert main([*toy, "--fsdp-cpu-offload"]) == 2
     err = capsys.readouterr().err
     assert "--fsdp-cpu-offload" in err and "add --fsdp" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [("toy", {}), ("var", {}), ("moco", {}), ("cifar", {"precision": "bf16"}), ("cifar", {"precision": "fp64"})],
+)
+def test_a_traced_build_gives_the_layout_a_build_of_its_own_gives(name: str, changes: dict[str, object]) -> None:
+    """The planner takes the FSDP layout from the configured run's trace (`trace_training(layout=True)`) instead of
+    building the recipe once more: the traced models are cast in place (BatchNorm kept fp32 under pure bf16), the
+    layout is the build's all the same."""
+    cls = get_recipe(name)
+    recipe = cls(dataclasses.replace(debug_run_config(cls(cls.config_class())), **changes))
+    traced = trace_training(recipe, device="cuda", micro_batch=2, grad_accumulation=1, layout=True)
+    assert traced.layout == recipe_layout(recipe)
+    assert trace_training(recipe, device="cuda", micro_batch=2, grad_accumulation=1).layout is None

@@ -39,7 +39,7 @@ from torch import nn
 
 from trainlab.engine.fsdp import fsdp_policy
 from trainlab.engine.precision import Precision
-from trainlab.engine.recipe import Recipe
+from trainlab.engine.recipe import Recipe, TrainParts
 from trainlab.memory.breakdown import Breakdown
 from trainlab.user_files import shapes_only
 
@@ -252,17 +252,22 @@ def recipe_layout(recipe: Recipe[Any]) -> FsdpLayout:
 
     precision = Precision.parse(recipe.config.precision)
     with shapes_only(), tracing(StorageTracer()), torch.random.fork_rng(devices=[]), precision.default_dtype():
-        parts = recipe.build(torch.device("cpu"))
-        trained = {name for phase in parts.phases for name in phase.modules}
-        layout: dict[str, list[ShardUnit]] = {}
-        for name, model in parts.models.items():
-            if name not in trained:
-                continue
-            units = model_units(name, model, parts.shard_units.get(name, []))
-            if precision.casts_weights:
-                size = precision.param_dtype.itemsize
-                units = [dataclasses.replace(u, element_sizes=tuple(size for _ in u.element_sizes)) for u in units]
-            layout[name] = units
+        return parts_layout(recipe.build(torch.device("cpu")), precision)
+
+
+def parts_layout(parts: TrainParts, precision: Precision) -> FsdpLayout:
+    """The shard units of built parts' trained models (a traced run's, `trace_training(layout=True)`, or a build's),
+    their floating parameters in the weights' dtype under the pure 16-bit modes."""
+    trained = {name for phase in parts.phases for name in phase.modules}
+    layout: dict[str, list[ShardUnit]] = {}
+    for name, model in parts.models.items():
+        if name not in trained:
+            continue
+        units = model_units(name, model, parts.shard_units.get(name, []))
+        if precision.casts_weights:
+            size = precision.param_dtype.itemsize
+            units = [dataclasses.replace(u, element_sizes=tuple(size for _ in u.element_sizes)) for u in units]
+        layout[name] = units
     return layout
 
 

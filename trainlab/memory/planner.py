@@ -35,7 +35,7 @@ from trainlab.memory.gpus import GpuProfile
 from trainlab.memory.log_once import each_message_once
 from trainlab.memory.moco_keys import accumulation_lever_effect, moco_plan_notes
 from trainlab.memory.run_cost import DataRate, RunCost, known_dataset_size, run_cost, stored_data_rate
-from trainlab.memory.trace import PlanDevice, TracedRun, build_traced_run, first_forward
+from trainlab.memory.trace import PlanDevice, TracedRun, first_forward
 from trainlab.memory.trace_workers import TraceJob, TraceWorkers, fork_runs_autograd, trace_job
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,13 @@ class _Tracer:
         return self.cache[key]
 
     def layout(self) -> FsdpLayout:
-        """The recipe's FSDP shard units (`fsdp_memory.recipe_layout`: a build), built once."""
+        """The recipe's FSDP shard units: from the trace started with them (`TraceJob.layout`), else built once
+        (`fsdp_memory.recipe_layout`)."""
+        started = [] if self.workers is None else self.workers.started()
+        with_layout = next((job for job in started if job.layout), None)
+        if self._layout is None and with_layout is not None:
+            job = with_layout
+            self(job.micro_batch, job.grad_accumulation, job.precision, job.checkpointing, job.count_flops)
         if self._layout is None:
             self._layout = recipe_layout(self.recipe)
         return self._layout
@@ -238,6 +244,8 @@ class _Tracer:
         self.traced += 1
         if run.flops is not None:
             self.flops[(micro_batch, accumulation)] = run.flops
+        if run.layout is not None and self._layout is None:
+            self._layout = run.layout
         log.debug(
             "traced micro-batch %d x %d (%s%s)",
             micro_batch,
@@ -414,12 +422,11 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
             log.info("tracing %d configurations in %d worker processes at once", len(jobs), workers)
             tracer.start_workers(jobs, workers, forks)
 
-        if forks:  # forked workers start in ~0.1 s; beside them the recipe is built here once (its facts logged)
+        if forks:  # forked workers start in ~0.1 s; the first one logs the recipe's facts and, where the FSDP plan
+            # or lever needs them, its shard units: the recipe is not built in this process
+            layout = request.gpus > 1 and (request.fsdp is not None or searching)
+            jobs[0] = dataclasses.replace(jobs[0], layout=layout, logs_facts=True)
             start_workers()
-            if request.gpus > 1 and (request.fsdp is not None or searching):
-                tracer.layout()  # the build the FSDP plan or lever needs
-            else:
-                build_traced_run(recipe, device=request.device)
         else:  # from a fork server (seconds to start) only where a trace takes long enough to gain
             started = time.perf_counter()
             smallest_micro_batch(tracer)

@@ -32,7 +32,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -46,6 +46,9 @@ from trainlab.memory.flop_counter import FlopCounter, StepFlops
 from trainlab.memory.step_repeat import repeat_last_step
 from trainlab.memory.tracer import Region, StorageTracer, Trace, tracing
 from trainlab.user_files import shapes_only
+
+if TYPE_CHECKING:
+    from trainlab.memory.fsdp_memory import FsdpLayout
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +72,11 @@ class TracedRun:
     uses_convolution: bool
     optimizers: list[str]
     flops: StepFlops | None = None  # the last traced optimizer step's (with `count_flops`)
+    layout: FsdpLayout | None = None  # the traced build's FSDP shard units (with `layout`)
 
 
 class _Stopped(Exception):
-    """The traced run has gone as far as `build_traced_run` or `first_forward` want."""
+    """The traced run has gone as far as `first_forward` wants."""
 
 
 class _RegionRecipe(Recipe[Any]):
@@ -155,14 +159,6 @@ def _use_foreach(optimizer: torch.optim.Optimizer) -> None:
             group["foreach"] = True
 
 
-def build_traced_run(recipe: Recipe[Any], *, device: PlanDevice) -> None:
-    """Set up the traced run only: the recipe built on fake tensors (and its facts logged), no step."""
-    try:
-        _traced_run(recipe, device, 1, 1, None, None, False, stop="build")
-    except _Stopped:
-        return
-
-
 def first_forward(recipe: Recipe[Any], *, device: PlanDevice, micro_batch: int, grad_accumulation: int) -> None:
     """Set up the traced run and run its first micro-batch's forward only (the recipe's first pass included), for
     what that raises at this micro-batch (BatchNorm refuses one value per channel) at a fraction of a trace's cost."""
@@ -182,6 +178,7 @@ def trace_training(
     cuda_autocast: bool | None = None,
     count_flops: bool = False,
     repeat_last_step: bool = False,
+    layout: bool = False,
 ) -> TracedRun:
     """Run the recipe's training step on fake tensors and record every storage allocation and free.
 
@@ -195,6 +192,8 @@ def trace_training(
         count_flops: also count the FLOPs and bytes of the last traced optimizer step (`memory.flop_counter`).
         repeat_last_step: the last traced step copied from the one before it where the trace has the shape for it
             (`memory.step_repeat`: a third less tracing; unchecked, see there), else traced; not with `count_flops`.
+        layout: also give the built models' FSDP shard units (`fsdp_memory.parts_layout`: what `recipe_layout`
+            builds the recipe for), in `TracedRun.layout`.
 
     Returns:
         The trace, with parameters, gradients, optimizer states, frozen models and averaged copies labelled.
@@ -202,7 +201,15 @@ def trace_training(
     if repeat_last_step and count_flops:
         raise ValueError("a repeated step has no FLOP count: repeat_last_step excludes count_flops")
     return _traced_run(
-        recipe, device, micro_batch, grad_accumulation, length, cuda_autocast, count_flops, repeat=repeat_last_step
+        recipe,
+        device,
+        micro_batch,
+        grad_accumulation,
+        length,
+        cuda_autocast,
+        count_flops,
+        repeat=repeat_last_step,
+        layout=layout,
     )
 
 
@@ -214,8 +221,9 @@ def _traced_run(
     length: RunLength | None,
     cuda_autocast: bool | None,
     count_flops: bool,
-    stop: Literal["build", "forward"] | None = None,
+    stop: Literal["forward"] | None = None,
     repeat: bool = False,
+    layout: bool = False,
 ) -> TracedRun:
     cfg = recipe.config
     precision = Precision.parse(cfg.precision)
@@ -253,9 +261,8 @@ def _traced_run(
         precision.default_dtype(),
     ):
         run = assemble(recipe, device=cpu, precision=precision, length_of=lambda parts: planned, hooks=hooks)
-        if stop == "build":
-            raise _Stopped
         parts, runner = run.parts, run.runner
+        shard_layout = _parts_layout(parts, precision) if layout else None
         for scaler in runner.scalers.values():
             _mark_micro_steps_end(tracer, scaler)
         batches = _batches(recipe, tracer, micro_batch)
@@ -296,12 +303,19 @@ def _traced_run(
             uses_convolution=tracer.uses_convolution,
             optimizers=[type(p.optimizer).__name__.lower() for p in parts.phases],
             flops=None if counter is None else counter.step_flops(len(steps) - 1, micro_batch * grad_accumulation),
+            layout=shard_layout,
         )
         del run, runner, parts, batches
     traced.trace.events = traced.trace.events[: traced.trace.end]
     if repeated is not None:
         traced.trace = repeated
     return traced
+
+
+def _parts_layout(parts: TrainParts, precision: Precision) -> FsdpLayout:
+    from trainlab.memory.fsdp_memory import parts_layout  # it imports the breakdown, which imports this module
+
+    return parts_layout(parts, precision)
 
 
 def _mark_micro_steps_end(tracer: StorageTracer, scaler: LossScaler) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from trainlab.engine.recipe import Recipe
+from trainlab.memory.log_once import MessageKey, emitted_elsewhere, message_key
 from trainlab.memory.trace import PlanDevice, TracedRun, trace_training
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ class TraceJob:
     checkpointing: bool
     count_flops: bool
     repeat_last_step: bool = False  # `trace_training`'s: the last step copied (the micro-batch fit's points)
+    # what comes back beside the trace, not part of the configuration (a job is found by the fields above): the FSDP
+    # layout of its build (`trace_training(layout=True)`), and the recipe's facts logged by its build in a forked
+    # worker (which otherwise logs warnings only), so that the planner's process need not build the recipe itself
+    layout: bool = dataclasses.field(default=False, compare=False)
+    logs_facts: bool = dataclasses.field(default=False, compare=False)
 
 
 def trace_job(recipe: Recipe[Any], device: PlanDevice, job: TraceJob) -> TracedRun:
@@ -65,6 +71,7 @@ def trace_job(recipe: Recipe[Any], device: PlanDevice, job: TraceJob) -> TracedR
         grad_accumulation=job.grad_accumulation,
         count_flops=job.count_flops,
         repeat_last_step=job.repeat_last_step,
+        layout=job.layout,
     )
 
 
@@ -106,13 +113,35 @@ def _forked_worker() -> None:
     """A forked worker runs one thread: the OpenMP pool the parent used does not survive the fork (a parallel region
     in the child, real tensor work a recipe does while it is built, would wait for it forever), and a trace on fake
     tensors is single-threaded Python. It logs warnings only: the recipe's facts (logged again by each trace's build)
-    are logged once, by the planner's process."""
+    are logged once, by the one job that says so (`TraceJob.logs_facts`)."""
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
 
 
-def _run_sent(recipe_class: type[Recipe[Any]], config: Any, device: PlanDevice, job: TraceJob) -> TracedRun:
-    return trace_job(recipe_class(config), device, job)
+class _Recorded(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: list[MessageKey] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.keys.append(message_key(record))
+
+
+def _run_sent(
+    recipe_class: type[Recipe[Any]], config: Any, device: PlanDevice, job: TraceJob
+) -> tuple[TracedRun, list[MessageKey]]:
+    """The job's trace, and the messages it logged (`TraceJob.logs_facts`: they count as logged in the planner's
+    process too, `log_once.emitted_elsewhere`)."""
+    if not job.logs_facts:
+        return trace_job(recipe_class(config), device, job), []
+    disabled, recorded = logging.root.manager.disable, _Recorded()
+    logging.disable(logging.NOTSET)
+    logging.getLogger().addHandler(recorded)
+    try:
+        return trace_job(recipe_class(config), device, job), recorded.keys
+    finally:
+        logging.getLogger().removeHandler(recorded)
+        logging.disable(disabled)
 
 
 class TraceWorkers:
@@ -129,7 +158,7 @@ class TraceWorkers:
         """`forks`: whether the workers may be forked from this process (None: `fork_runs_autograd` tells)."""
         self._pool: Pool | None = None
         self.start_method = ""  # "fork" or "forkserver" once started; "" when tracing in this process
-        self._pending: dict[TraceJob, AsyncResult[TracedRun]] = {}
+        self._pending: dict[TraceJob, AsyncResult[tuple[TracedRun, list[MessageKey]]]] = {}
         sent = (type(recipe), recipe.config)
         try:
             pickle.dumps(sent)
@@ -156,7 +185,9 @@ class TraceWorkers:
         return list(self._pending)
 
     def take(self, job: TraceJob) -> TracedRun:
-        return self._pending.pop(job).get()
+        run, logged = self._pending.pop(job).get()
+        emitted_elsewhere(logged)
+        return run
 
     def close(self) -> None:
         """Stop the workers (a trace still running is abandoned)."""
