@@ -16,9 +16,10 @@ same way.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 
+from trainlab.memory.collector import paused
 from trainlab.memory.trace import TracedRun
 
 FittedRun = Callable[[int], TracedRun]
@@ -70,9 +71,10 @@ def _checked(at: FittedRun, check: TracedRun) -> FittedRun | None:
     return at
 
 
-def _resized(run: TracedRun, micro_batch: int, nbytes: list[int]) -> TracedRun:
+def _resized(run: TracedRun, micro_batch: int, nbytes: Iterable[int]) -> TracedRun:
     """`run` at `micro_batch`, its storages of `nbytes` (a fitted trace: no FLOP count of its own)."""
-    records = [r.with_bytes(n) for r, n in zip(run.trace.records, nbytes)]
+    with paused():
+        records = [r.with_bytes(n) for r, n in zip(run.trace.records, nbytes)]
     return dataclasses.replace(
         run, trace=dataclasses.replace(run.trace, records=records), micro_batch=micro_batch, flops=None
     )
@@ -93,7 +95,7 @@ def affine_through(low: TracedRun, high: TracedRun) -> FittedRun | None:
 
     def at(micro_batch: int) -> TracedRun:
         m = micro_batch - m1
-        return _resized(low, micro_batch, [r.nbytes + slope * m for r, slope in zip(low.trace.records, slopes)])
+        return _resized(low, micro_batch, (r.nbytes + slope * m for r, slope in zip(low.trace.records, slopes)))
 
     return at
 
@@ -118,6 +120,6 @@ def fit_quadratic(points: list[TracedRun], check: TracedRun) -> FittedRun | None
 
     def at(micro_batch: int) -> TracedRun:
         m = micro_batch
-        return _resized(first, m, [a + b * m + c * m * m for a, b, c in laws])
+        return _resized(first, m, (a + b * m + c * m * m for a, b, c in laws))
 
     return _checked(at, check)

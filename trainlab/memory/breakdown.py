@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainlab.memory.allocator import replay, round_size
+from trainlab.memory.collector import paused
 from trainlab.memory.trace import TracedRun
 from trainlab.memory.tracer import StorageRecord
 
@@ -80,6 +81,11 @@ def _category(record: StorageRecord, persistent: set[int]) -> str:
 
 def breakdown(run: TracedRun) -> Breakdown:
     """Walk the trace once: live bytes per category, the steady-state peak, then the allocator replay."""
+    with paused():
+        return _breakdown(run)
+
+
+def _breakdown(run: TracedRun) -> Breakdown:
     trace = run.trace
     records = trace.records
     size: Callable[[int], int] = (lambda n: round_size(n) if n > 0 else 0) if run.device == "cuda" else (lambda n: n)
