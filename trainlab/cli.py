@@ -22,6 +22,7 @@ prints the line (every rank exits with the code) and the line goes to torchrun's
 from __future__ import annotations
 
 import errno
+import gc
 import importlib
 import logging
 import os
@@ -183,6 +184,10 @@ def run() -> NoReturn:
     exit_code = main()
     if exit_code != 0:
         launcher.exit_failed_worker(exit_code)
+    # What is alive now lives to the end of the process: the interpreter's last collection, which walks every object
+    # of torch's modules (~0.75 s of each command on a 2-core CPU), is skipped. The command's files are closed by then
+    # (the engine closes its logs and writers in `fit`), and atexit handlers still run.
+    gc.freeze()
     sys.exit(exit_code)
 
 
