@@ -17,6 +17,8 @@ setup: $(STAMP)
 
 # Other CPU kernels than this machine's: ATen's baseline kernels, MKL's compatible code path, oneDNN capped at SSE4.1.
 # The golden runs are repeated under them: their portable (fp64) check must hold on any CPU (tests/golden.py).
+# Only eager runs: torch.compile's on-disk kernel cache is not keyed by ATEN_CPU_CAPABILITY (torch 2.14.1), and a
+# compiled run under other kernels after one under the machine's own computes garbage from the cached kernels.
 OTHER_CPU_KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPAT ONEDNN_MAX_CPU_ISA=SSE41
 
 test: $(STAMP)  ## set-up + lint + type check + the default (fast) test suite + the golden runs on other kernels
