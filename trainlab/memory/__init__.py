@@ -7,6 +7,12 @@
     gpus.py        GPU profiles (memory, context and workspace estimates); add a row to GPU_PROFILES
     planner.py     the largest micro-batch that fits, accumulation, GPUs needed, levers, the --gpu all table
     batch_fit.py   a trace at any micro-batch from two traces (bytes affine in the micro-batch), checked by a third
+    accumulation_fit.py  accumulation 1 from accumulation 2's traces; step_repeat.py: the last traced step copied
+    fake_memo.py   repeated fake-tensor ops answered by their inputs' metadata; fake_shape_rules.py: the outputs of
+                   ops torch answers on fake tensors with a long Python decomposition (upsample_bicubic2d)
+    trace_workers.py  the planner's traces side by side in forked worker processes
+    collector.py   the garbage collector paused around bulk bookkeeping; log_once.py: each planner message once
+    fsdp_memory.py  one FSDP2 rank's memory from the traced step; measure.py: --measure, the real step timed
     flop_counter.py  FLOPs and bytes of the traced step (forward, backward, optimizer) over the tracer's dispatch
     flops.py       count_step_flops, estimate_step_seconds (FLOPs / (peak x efficiency))
     run_cost.py    step time, run time, GPU-hours, cost, data-pipeline cores of a planned run

@@ -16,10 +16,9 @@ Not memoized (they go through the fake mode every time): ops whose outputs depen
 argument's metadata (torch's `data_dependent_output`, `dynamic_output_shape`, `inplace_view` tags; `set_`,
 `resize_`), ops outside `aten` and `prims`, calls with a real tensor, a constant-carrying fake tensor, another
 fake mode's tensor or a non-strided layout among the arguments, factory calls with no fake mode set, calls inside a
-fake kernel, view ops under
-inference mode (autograd cannot share an inference tensor's version counter), and outputs the rebuild would not
-reproduce (a fresh output on a storage larger than it needs, two outputs sharing a fresh storage, non-tensor
-outputs other than None).
+fake kernel, view ops under inference mode (autograd cannot share an inference tensor's version counter), and
+outputs the rebuild would not reproduce (a fresh output on a storage larger than it needs, two outputs sharing a
+fresh storage, non-tensor outputs other than None).
 
 The outputs are new `FakeTensor`s with the same metadata and storage aliasing as the fake mode's; storages may die
 in another order within a run of frees that happen together (an autograd graph released at once), which the
@@ -147,8 +146,7 @@ def _key(
     func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[FakeTensor], mode: FakeTensorMode | None
 ) -> Hashable:
     """The call's key; its fake tensor arguments are appended to `tensors` in order. A call without one is keyed only
-    where it is a factory (torch's own test: no tensor in its schema) and `mode` is the fake mode to build it in.
-    Raises `_NotMemoized`."""
+    where it is a factory (`_is_factory`) and `mode` is the fake mode to build it in. Raises `_NotMemoized`."""
     parts: list[Any] = [func, torch.get_default_dtype(), torch.is_inference_mode_enabled()]
     for value in args:
         _describe(value, parts, tensors)

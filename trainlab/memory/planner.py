@@ -219,9 +219,8 @@ class _Tracer:
         """The recipe's FSDP shard units: from the trace started with them (`TraceJob.layout`), else built once
         (`fsdp_memory.recipe_layout`)."""
         started = [] if self.workers is None else self.workers.started()
-        with_layout = next((job for job in started if job.layout), None)
-        if self._layout is None and with_layout is not None:
-            job = with_layout
+        job = next((job for job in started if job.layout), None)
+        if self._layout is None and job is not None:  # its trace sets `_layout` (`_trace`)
             self(job.micro_batch, job.grad_accumulation, job.precision, job.checkpointing, job.count_flops)
         if self._layout is None:
             self._layout = recipe_layout(self.recipe)
