@@ -79,13 +79,9 @@ def _category(record: StorageRecord, persistent: set[int]) -> str:
     return "temporaries"
 
 
+@paused()
 def breakdown(run: TracedRun) -> Breakdown:
     """Walk the trace once: live bytes per category, the steady-state peak, then the allocator replay."""
-    with paused():
-        return _breakdown(run)
-
-
-def _breakdown(run: TracedRun) -> Breakdown:
     trace = run.trace
     records = trace.records
     size: Callable[[int], int] = (lambda n: round_size(n) if n > 0 else 0) if run.device == "cuda" else (lambda n: n)
