@@ -419,3 +419,67 @@ def test_edit_with_a_bomb_is_one_line_exit_2(
         f": error: {flag} {bomb} is not a readable image: over the limit of {MAX_IMAGE_PIXELS} pixels (a "
         "decompression bomb?); pass a PNG or JPEG image"
     ), line
+
+
+# ----------------------------------------------------------------------------------- wide pixels, GIFs, limits
+@pytest.mark.parametrize(
+    ("pixels", "expected"),
+    [
+        (np.array([[0, 257, 40000, 65535]], dtype=np.uint16), [0, 1, 156, 255]),  # 16-bit: / 257
+        (np.array([[0.0, 0.25, 0.5, 1.0]], dtype=np.float32), [0, 64, 128, 255]),  # float in [0, 1]: x 255
+        (np.array([[0.0, 3.0, 100.0, 255.0]], dtype=np.float32), [0, 3, 100, 255]),  # float in [0, 255]: kept
+        (np.array([[0, 3, 100, 255]], dtype=np.int32), [0, 3, 100, 255]),  # 32-bit holding 8-bit values: kept
+    ],
+)
+def test_grey_images_of_more_than_8_bits_are_scaled_not_clipped(
+    tmp_path: Path, pixels: np.ndarray, expected: list[int]
+) -> None:
+    """Pillow's convert("RGB") clips them: a 16-bit PNG comes out white, a float TIFF in [0, 1] black."""
+    path = tmp_path / ("grey.png" if pixels.dtype == np.uint16 else "grey.tiff")
+    Image.fromarray(pixels).save(path)
+    assert np.asarray(read_image(path))[0, :, 0].tolist() == expected
+    assert np.asarray(read_image(path, "L"))[0].tolist() == expected
+    from trainlab.data.images import read_image_pixels
+
+    assert read_image_pixels(path)[1, 0].tolist() == expected
+
+
+@pytest.mark.parametrize("pixels", [np.full((2, 2), -1.0, np.float32), np.full((2, 2), np.nan, np.float32)])
+def test_grey_images_of_no_known_range_are_unreadable(tmp_path: Path, pixels: np.ndarray) -> None:
+    Image.fromarray(pixels).save(tmp_path / "grey.tiff")
+    with pytest.raises(UnreadableImage, match=r"grey\.tiff is not a readable image: F grey pixels"):
+        read_image(tmp_path / "grey.tiff")
+
+
+def test_gif_images_in_a_folder_are_images(tmp_path: Path) -> None:
+    _png(tmp_path / "a" / "0.png", seed=0)
+    (tmp_path / "b").mkdir()
+    frames = [Image.new("RGB", (8, 8), colour) for colour in ((255, 0, 0), (0, 255, 0))]
+    frames[0].save(tmp_path / "b" / "0.gif", save_all=True, append_images=frames[1:])  # animated
+    index = scan_image_folder(tmp_path)
+    assert [name for name, _ in index.files] == ["a/0.png", "b/0.gif"]
+    assert np.asarray(read_image(tmp_path / "b" / "0.gif"))[0, 0].tolist() == [255, 0, 0]  # the first frame
+
+
+@pytest.mark.parametrize(("num_items", "limit"), [(9, 5), (3000, 1001), (10, 4), (10, 10), (7, 0), (5, 9)])
+def test_a_limit_keeps_positions_spread_over_the_whole_listing(num_items: int, limit: int) -> None:
+    from trainlab.data.image_folder import evenly_spaced
+
+    kept = evenly_spaced(num_items, limit)
+    assert len(kept) == (min(limit, num_items) if limit > 0 else num_items)
+    assert list(kept) == sorted(set(kept)) and kept[0] == 0 and kept[-1] >= num_items - -(-num_items // len(kept))
+    classes = [position * 3 // num_items for position in kept]  # a listing of 3 equal classes
+    assert set(classes) == {0, 1, 2} or len(kept) < 3
+
+
+def test_the_eval_centre_crop_of_a_very_long_image_needs_no_large_buffer() -> None:
+    from trainlab.data.transforms import resize_center_crop
+
+    stats = {"mean": (0.5,) * 3, "std": (0.5,) * 3}
+    line_31W = torch.randint(0, 256, (3, 1, 4_000_000), dtype=torch.uint8)  # resized whole: 15 GB
+    assert resize_center_crop(line_31W, 16, **stats).shape == (3, 16, 16)
+    photo_3HW = torch.randint(0, 256, (3, 30, 400), dtype=torch.uint8)  # 13:1, under the cut: unchanged numerics
+    import torchvision.transforms.v2.functional as TF2
+
+    expected = TF2.center_crop(TF2.resize(photo_3HW.float() / 255, [18], antialias=True), [16, 16])
+    assert torch.allclose(resize_center_crop(photo_3HW, 16, **stats), (expected.clamp(0, 1) - 0.5) / 0.5)

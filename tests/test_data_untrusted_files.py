@@ -111,9 +111,34 @@ def test_a_payload_at_any_pickle_protocol_is_refused(
 def test_the_release_layout_reads_at_every_protocol(cifar: Path, protocol: int) -> None:
     before = load_cifar10(cifar.parent, train=True)
     for i in range(1, 6):
-        _write(cifar, f"data_batch_{i}", _batch(cifar, f"data_batch_{i}"), protocol=min(protocol, 4))
+        _write(cifar, f"data_batch_{i}", _batch(cifar, f"data_batch_{i}"), protocol=protocol)
     after = load_cifar10(cifar.parent, train=True)
     assert np.array_equal(before.data, after.data) and before.targets == after.targets
+
+
+def test_the_batches_folder_itself_is_a_root_too(cifar: Path) -> None:
+    assert cifar.name == "cifar-10-batches-py"
+    inside = load_cifar10(cifar, train=False)
+    assert np.array_equal(inside.data, load_cifar10(cifar.parent, train=False).data)
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        ((b"\0" * 8, np.dtype(object), (1,), "C"), "of object"),
+        (("text", np.dtype(np.uint8), (4,), "C"), "arguments other than"),
+        ((b"\0" * 4, "u1", (4,), "C"), "arguments other than"),
+        ((b"\0" * 4, np.dtype(np.uint8), [4], "C"), "of uint8"),
+        ((b"\0" * 4, np.dtype(np.uint8), (4,), "X"), "with order"),
+    ],
+)
+def test_the_protocol_5_array_builder_builds_only_plain_arrays(args: tuple[Any, ...], refusal: str) -> None:
+    from trainlab.data import cifar as cifar_module
+
+    with pytest.raises(pickle.UnpicklingError, match=refusal):
+        cifar_module._array_from_buffer(*args)
+    built = cifar_module._array_from_buffer(bytearray(range(6)), np.dtype(np.uint8), (2, 3), "F")
+    assert np.array_equal(built, np.arange(6, dtype=np.uint8).reshape(2, 3, order="F"))
 
 
 class _Python2Pickler(pickle._Pickler):  # type: ignore[name-defined]
@@ -425,6 +450,8 @@ def test_the_restricted_unpickler_admits_nothing_beyond_the_cifar_layout() -> No
     assert set(cifar._ALLOWED) == {
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
         ("_codecs", "encode"),

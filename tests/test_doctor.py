@@ -11,9 +11,10 @@ from PIL import Image
 
 from trainlab.cli import main
 from trainlab.commands import doctor as doctor_command
+from trainlab.data.image_folder import evenly_spaced
 from trainlab.doctor import host
 from trainlab.doctor.collective import probe_all_reduce
-from trainlab.doctor.data import check_data, evenly_spaced
+from trainlab.doctor.data import check_data
 from trainlab.doctor.gpu import (
     GpuFacts,
     arch_coverage,
@@ -295,9 +296,9 @@ def test_data_root_with_mismatched_classes_or_empty_ones(tmp_path: Path) -> None
 
 
 def test_a_decoding_sample_is_spread_over_the_listing() -> None:
-    assert evenly_spaced(10, 0) == list(range(10))
-    assert evenly_spaced(10, 4) == [0, 2, 5, 7]
-    assert evenly_spaced(3, 5) == [0, 1, 2]
+    assert evenly_spaced(10, 0) == tuple(range(10))
+    assert evenly_spaced(10, 4) == (0, 2, 5, 7)
+    assert evenly_spaced(3, 5) == (0, 1, 2)
 
 
 def test_cifar_layout(tmp_path: Path) -> None:

@@ -111,3 +111,39 @@ def test_knn_weighted_vote() -> None:
     assert knn_accuracy(queries, torch.tensor([0, 1]), bank, labels, num_classes=2, k=3, temperature=0.1) == 1.0
     with pytest.raises(UsageError, match="k=4 must be between 1 and the bank size 3"):
         knn_predict(queries, bank, labels, num_classes=2, k=4)
+
+
+def _image_folder(root: Path, splits: dict[str, tuple[str, ...]], per_class: int = 3) -> Path:
+    from PIL import Image
+
+    for split, classes in splits.items():
+        for c, name in enumerate(classes):
+            for i in range(per_class):
+                (root / split / name).mkdir(parents=True, exist_ok=True)
+                Image.new("RGB", (20, 18), (40 * c, 30 * i, 90)).save(root / split / name / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("splits", "knn_k", "refusal"),
+    [
+        ({"train": ("a", "b"), "val": ("a", "c")}, 1, "different class folders"),
+        ({"train": ("a", "b")}, 1, "needs held-out images"),
+        ({"train": ("a", "b"), "val": ("a", "b")}, 7, "bank size 6 "),
+    ],
+)
+def test_the_knn_monitor_is_refused_before_the_first_epoch(
+    tmp_path: Path, splits: dict[str, tuple[str, ...]], knn_k: int, refusal: str
+) -> None:
+    """What the monitor's first evaluation would refuse after a whole epoch (a folder's val/ missing or with other
+    classes, k above the bank: here 6 training images under --data.eval-limit 100) is refused by build_data."""
+    root = _image_folder(tmp_path / "data", splits)
+    cfg = _config(tmp_path / "run", knn_k=knn_k, image_size=16)
+    recipe = MocoRecipe(
+        dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, kind="image-folder", root=root, eval_limit=100))
+    )
+    parts = recipe.build(torch.device("cpu"))
+    with pytest.raises(UsageError, match=refusal):
+        recipe.build_data(parts, torch.device("cpu"))
+    ok = MocoRecipe(dataclasses.replace(recipe.config, data=dataclasses.replace(recipe.config.data, eval_limit=0)))
+    assert len(ok.build_data(parts, torch.device("cpu"))) == 6  # the monitor off: nothing to refuse

@@ -252,6 +252,66 @@ def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
     assert dataset[3]["tokens"].shape == (30,) and dataset[3]["tokens"].dtype == torch.int64
 
 
+def test_a_folder_that_is_not_a_token_cache_is_refused_and_kept(tmp_path: Path) -> None:
+    """A cache is built into a new folder and moved into place, replacing what is there: only ever a cache."""
+    tokenizer = load_tokenizer("", "vqvae_debug", PATCH_NUMS, seed=0)
+    fake = open_split(DataConfig(kind="fake", fake_size=8), "train", VarResizeCrop(16), fake_classes=4)
+    assert fake is not None
+    spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 30, 64, {"kind": "fake", "size": 8})
+    user = tmp_path / "photos"
+    (user / "cat").mkdir(parents=True)
+    (user / "cat" / "0.png").write_bytes(b"precious")
+    (tmp_path / "notes.txt").write_text("precious")
+    for path in (user, tmp_path / "notes.txt"):
+        for on_stale in ("rebuild", "refuse"):
+            with pytest.raises(UsageError, match=r"is not a token cache|is a file, not a folder"):
+                ensure_token_cache(path, spec, lambda: [fake.images], tokenizer, on_stale=on_stale, device=CPU)
+    with pytest.raises(UsageError, match="is not a token cache"):
+        build_token_cache(user, spec, [fake.images], tokenizer, device=CPU)
+    assert (user / "cat" / "0.png").read_bytes() == b"precious" and (tmp_path / "notes.txt").read_text() == "precious"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (
+        ensure_token_cache(empty, spec, lambda: [fake.images], tokenizer, on_stale="refuse", device=CPU).num_items == 8
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "refusal"),
+    [
+        ("tokens.npy", 64, r"token ids must be in \[0, 64\) \(the codebook size\), found 64"),
+        ("tokens.npy", -1, r"token ids must be in \[0, 64\) \(the codebook size\), found -1"),
+        ("labels.npy", 4, r"class ids must be in \[0, 4\) \(the dataset's class count\), found 4"),
+    ],
+)
+def test_a_token_cache_with_ids_out_of_range_is_one_line_naming_the_file(
+    tmp_path: Path, name: str, value: int, refusal: str
+) -> None:
+    """An edited or foreign cache: an id beyond the codebook is an IndexError inside the model, a label equal to the
+    class count is VAR's "no class" row (a silently unconditional run)."""
+    from trainlab.data.errors import DataError
+    from trainlab.data.token_cache import TokenCache
+
+    tokenizer = load_tokenizer("", "vqvae_debug", PATCH_NUMS, seed=0)
+    fake = open_split(DataConfig(kind="fake", fake_size=8), "train", VarResizeCrop(16), fake_classes=4)
+    assert fake is not None
+    spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 30, 64, {"kind": "fake", "size": 8})
+    ensure_token_cache(
+        tmp_path / "c", spec, lambda: [fake.images], tokenizer, on_stale="refuse", device=CPU, num_classes=4
+    )
+    array = np.load(tmp_path / "c" / name, mmap_mode="r+")
+    array.reshape(-1)[-1] = value
+    array.flush()
+    del array
+    with pytest.raises(DataError, match=f"{name}.*{refusal}"):
+        ensure_token_cache(
+            tmp_path / "c", spec, lambda: [fake.images], tokenizer, on_stale="refuse", device=CPU, num_classes=4
+        )
+    if name == "tokens.npy":
+        with pytest.raises(DataError, match=refusal):
+            TokenCache(tmp_path / "c")  # the codebook size is in meta.json: checked without a class count too
+
+
 def test_tokenizer_loads_from_a_tokenizer_run_checkpoint_and_checks_its_preset(tmp_path: Path) -> None:
     """The VAR recipe reads `--tokenizer-weights runs/tok/ckpt/last.pt` through the engine's checkpoint reader (the
     loader is handed the VQVAE's plain state dict)."""

@@ -14,7 +14,8 @@ runs whatever callable a file names: a poisoned `data_batch_1` executes code the
 through `_CifarUnpickler`, which admits only what the official files contain (numpy's array reconstruction,
 `numpy.ndarray`, `numpy.dtype`; dicts, lists, ints and strings need no callable) plus what Python 3 writes for `bytes`
 at protocol 2 (how `trainlab.data.fake_cifar` writes): the latin-1 `_codecs.encode` and, for an empty `bytes`, a
-`bytes()` without argument. Anything else is refused before it is called. The content is then checked: a dict with
+`bytes()` without argument; and numpy's `_frombuffer`, how an array is pickled at protocol 5 (an array of a plain
+dtype from its bytes). Anything else is refused before it is called. The content is then checked: a dict with
 `data` uint8 (n, 3072) and `labels`, n integers in [0, 10); `batches.meta` with the 10 `label_names`; no empty
 split. The official files were pickled by Python 2; they are read with `encoding="latin1"`, as torchvision does, so
 keys come back as `str`.
@@ -98,7 +99,8 @@ def load_cifar10(
     """Reads one split of CIFAR-10 stored as `<root>/cifar-10-batches-py`, without running code from the files.
 
     Args:
-        root: directory that contains (or, with `download`, will contain) `cifar-10-batches-py/`.
+        root: directory that contains (or, with `download`, will contain) `cifar-10-batches-py/`, or that folder
+            itself.
         train: the 50,000-image training split if True, else the 10,000-image test split.
         download: fetch and extract the official archive (md5-checked) if the files are not there yet.
         verify_checksums: also compare every file with the official md5 (slow-ish; fails on fake data).
@@ -112,6 +114,8 @@ def load_cifar10(
     """
     root = Path(root).expanduser()
     folder = root / CIFAR10_DIRNAME
+    if not folder.is_dir() and root.name == CIFAR10_DIRNAME and root.is_dir():
+        folder = root  # --data.root names the batches folder itself, not the folder holding it
     if download and _missing(folder):
         try:
             download_and_extract_archive(CIFAR10_URL, root, filename=CIFAR10_ARCHIVE, md5=CIFAR10_ARCHIVE_MD5)
@@ -180,6 +184,23 @@ def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
     return text.encode("latin-1")
 
 
+def _array_from_buffer(
+    buf: object, dtype: object, shape: object, order: object, axis_order: object = None
+) -> np.ndarray:
+    """numpy's `_frombuffer`, as numpy pickles an array at protocol 5: the bytes of one array of a plain dtype,
+    reshaped; anything else (an object dtype, a shape or order of another type) is refused."""
+    if not isinstance(buf, (bytes, bytearray, pickle.PickleBuffer)) or not isinstance(dtype, np.dtype):
+        raise _Refused("numpy._frombuffer with arguments other than an array's bytes and dtype")
+    if dtype.hasobject or not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape):
+        raise _Refused(f"numpy._frombuffer of {dtype} {shape!r}")
+    array = np.frombuffer(buf.raw() if isinstance(buf, pickle.PickleBuffer) else buf, dtype=dtype)
+    if order == "K" and isinstance(axis_order, tuple) and all(type(axis) is int for axis in axis_order):
+        return array.reshape(shape, order="C").transpose(axis_order)
+    if order not in ("C", "F") or axis_order is not None:
+        raise _Refused(f"numpy._frombuffer with order {order!r}")
+    return array.reshape(shape, order="F" if order == "F" else "C")
+
+
 def _empty_bytes() -> bytes:
     """`bytes()`, as Python 3 pickles an empty `bytes` at protocol 2 (`__builtin__.bytes` with no argument)."""
     return b""
@@ -189,6 +210,8 @@ _RECONSTRUCT: Callable[..., Any] = np.zeros(0).__reduce__()[0]  # type: ignore[a
 _ALLOWED: dict[tuple[str, str], Callable[..., Any]] = {
     ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,  # how numpy 1.x (and Python 2) names it
     ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,  # numpy >= 2
+    ("numpy.core.numeric", "_frombuffer"): _array_from_buffer,  # protocol 5 (numpy 1.x names)
+    ("numpy._core.numeric", "_frombuffer"): _array_from_buffer,  # protocol 5 (numpy >= 2)
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
     ("_codecs", "encode"): _latin1_encode,

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 MAX_CONSECUTIVE_UNREADABLE = 64
 _MAX_WORKER_SLOTS = 256  # skip counters: slot 0 = main process, slot w+1 = loader worker w
 
@@ -241,11 +241,11 @@ class _Scan:
 
 
 def evenly_spaced(num_items: int, limit: int) -> tuple[int, ...]:
-    """Positions of `limit` items evenly spaced over `num_items` (all of them when `limit` is 0 or larger): in a
-    class-sorted folder listing every class stays represented."""
+    """Positions of `limit` items evenly spaced over all `num_items` (all of them when `limit` is 0 or larger):
+    position i * num_items // limit, so a class-sorted folder listing is sampled from its first class to its last,
+    each class in proportion to its size (a class of at least num_items / limit images always keeps one)."""
     keep = num_items if limit <= 0 else min(limit, num_items)
-    step = max(num_items // keep, 1) if keep else 1
-    return tuple(range(0, step * keep, step))
+    return tuple(i * num_items // keep for i in range(keep))
 
 
 class UnreadableSkipper:

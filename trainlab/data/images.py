@@ -14,11 +14,14 @@ The same rules everywhere:
   add the fix that fits them). Training datasets catch it and skip the image (`trainlab.data.image_folder`);
   commands that read an image the user named stop with it as one line (exit code 2).
 
-Decoding is Pillow's, unchanged: `read_image(path)` returns exactly what `Image.open(path).convert("RGB")` gives
-for a valid image. `read_image_pixels(path)` gives the same pixels as a uint8 (3, H, W) tensor in channels-last
-memory (what the 8-bit crops resize fastest): after the same checks, a baseline RGB JPEG is decoded by torchvision's
-libjpeg-turbo decoder (`torchvision.io.decode_jpeg`, straight into a tensor: no PIL image, no copy through numpy; a
-truncated or corrupt stream is an error there too), every other image by Pillow as `read_image` does.
+Decoding is Pillow's, unchanged: `read_image(path)` returns exactly what `Image.open(path).convert("RGB")` gives for
+a valid image, except for grey images of more than 8 bits, which Pillow's `convert` clips to 255 (a 16-bit PNG comes
+out white, a float TIFF in [0, 1] black): they are scaled to 8 bits (`_wide_grey_to_8bit`: 16-bit values / 257,
+float values in [0, 1] x 255), and one whose values fit no such range is unreadable. `read_image_pixels(path)` gives
+the same pixels as a uint8 (3, H, W) tensor in channels-last memory (what the 8-bit crops resize fastest): after the
+same checks, a baseline RGB JPEG is decoded by torchvision's libjpeg-turbo decoder (`torchvision.io.decode_jpeg`,
+straight into a tensor: no PIL image, no copy through numpy; a truncated or corrupt stream is an error there too),
+every other image by Pillow as `read_image` does.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+import numpy as np
 from PIL import Image
 
 from trainlab.data.errors import DataError
@@ -43,6 +47,7 @@ MAX_IMAGE_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS default: 1024 *
 # Plain raster formats, by Pillow's format name. JPEG also admits MPO (multi-picture JPEG from cameras); PPM covers
 # .pgm / .pbm. Not here: EPS (runs Ghostscript), PDF, vector and container formats.
 IMAGE_FORMATS = ("PNG", "JPEG", "BMP", "PPM", "TIFF", "WEBP", "GIF")
+_WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # Pillow's grey modes of more than 8 bits
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
@@ -76,10 +81,7 @@ def read_image(path: str | Path, mode: str = "RGB", *, min_short_side: int = 0) 
         if img.format == "JPEG" and 0 < 2 * min_short_side <= min(width, height):
             scale = min_short_side / min(width, height)
             img.draft(mode, (math.ceil(width * scale), math.ceil(height * scale)))
-        try:
-            return img.convert(mode)  # decodes every pixel: a truncated or corrupt file fails here
-        except Exception as err:  # Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...
-            raise _unreadable(path, _reason(err)) from None
+        return _decoded(path, img, mode)
 
 
 def read_image_pixels(path: str | Path) -> torch.Tensor:
@@ -97,10 +99,7 @@ def read_image_pixels(path: str | Path) -> torch.Tensor:
 
     with _open_image_file(path) as (img, f):
         if img.format != "JPEG" or img.mode != "RGB":
-            try:
-                return uint8_view(img.convert("RGB"))
-            except Exception as err:
-                raise _unreadable(path, _reason(err)) from None
+            return uint8_view(_decoded(path, img, "RGB"))
         f.seek(0)
         data = bytearray(f.read())
     try:
@@ -148,6 +147,43 @@ def _open_image_file(path: str | Path) -> Iterator[tuple[Image.Image, BinaryIO]]
                     "(a decompression bomb?)",
                 )
             yield img, f
+
+
+def _decoded(path: str | Path, img: Image.Image, mode: str) -> Image.Image:
+    """Every pixel of `img` decoded into `mode` (a truncated or corrupt file fails here), wide grey scaled to 8 bits."""
+    try:
+        if img.mode in _WIDE_GREY_MODES:
+            return _wide_grey_to_8bit(path, img).convert(mode)
+        return img.convert(mode)
+    except UnreadableImage:
+        raise
+    except Exception as err:  # Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...
+        raise _unreadable(path, _reason(err)) from None
+
+
+def _wide_grey_to_8bit(path: str | Path, img: Image.Image) -> Image.Image:
+    """A grey image of 16-bit, 32-bit or float pixels as 8-bit grey ("L"), scaled instead of clipped.
+
+    16-bit modes ("I;16*") are divided by 257 (65535 -> 255). "I" (32-bit int) holds 8-bit values unchanged and
+    16-bit ones divided by 257. "F" (float) in [0, 1] is multiplied by 255; in [0, 255] kept.
+
+    Raises:
+        UnreadableImage: values outside every such range (negative, non-finite, beyond 16 bits or 255.0).
+    """
+    grey_HW = np.asarray(img, dtype=np.float64)  # decodes every pixel
+    if grey_HW.size == 0:
+        return Image.new("L", img.size)
+    low, high = float(grey_HW.min()), float(grey_HW.max())
+    if not (math.isfinite(low) and math.isfinite(high)) or low < 0:
+        raise _unreadable(path, f"{img.mode} grey pixels in [{low:g}, {high:g}]: not an 8-bit, 16-bit or [0, 1] image")
+    if img.mode == "F":
+        scale = 255.0 if high <= 1.0 else 1.0 if high <= 255.0 else 0.0
+    else:
+        scale = 1 / 257 if img.mode.startswith("I;16") or high > 255 else 1.0
+        scale = scale if high <= 65535 else 0.0
+    if not scale:
+        raise _unreadable(path, f"{img.mode} grey pixels in [{low:g}, {high:g}]: not an 8-bit, 16-bit or [0, 1] image")
+    return Image.fromarray(np.rint(grey_HW * scale).astype(np.uint8), "L")
 
 
 def _open_regular(path: str | Path) -> BinaryIO:

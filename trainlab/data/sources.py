@@ -77,11 +77,13 @@ class ImageSplit:
             requested count for fake images).
         description: JSON-able identity of the content (kind, size, side, ...; for a folder a hash of its listing),
             e.g. for a token cache's fingerprint.
+        total: the split's images before any limit (`len(images)` is at most this).
     """
 
     images: Dataset[Batch]
     num_classes: int
     description: dict[str, Any]
+    total: int
 
 
 def normalisation(kind: str) -> tuple[Stats, Stats]:
@@ -136,7 +138,7 @@ def open_split(
         images = _digits(split, _side(transform, "digits"))
     else:
         images = _fake(data, split, _side(transform, "fake"), fake_classes)
-    return _memory_split(images.first(limit), transform, seed=seed)
+    return _memory_split(images.first(limit), transform, seed=seed, total=len(images.labels_N))
 
 
 def num_classes(data: DataConfig, fake_classes: int = 10) -> int:
@@ -189,6 +191,21 @@ def stacked(split: ImageSplit, batch_size: int = 256) -> tuple[torch.Tensor, tor
 
 
 # ------------------------------------------------------------------------------------------------ folders
+def has_held_out_folder(data: DataConfig) -> bool:
+    """Whether an image folder has val/, checked against train/ from the class folders' names alone (no scan: a
+    recipe can ask before its first epoch what its evaluation would find after it).
+
+    Raises:
+        UsageError: val/ and train/ have different class folders.
+    """
+    folder, train = data.root / "val", data.root / "train"
+    if not folder.is_dir():
+        return False
+    if list_classes(folder) != list_classes(train):
+        raise UsageError(f"{folder} and {train} have different class folders; both need the same classes")
+    return True
+
+
 def _folder_split(data: DataConfig, split: Split, transform: Transform, *, seed: int, limit: int) -> ImageSplit | None:
     root = data.root
     if not root.is_dir():
@@ -198,12 +215,9 @@ def _folder_split(data: DataConfig, split: Split, transform: Transform, *, seed:
             f"layout){f', or another --data.kind ({others})' if others else ''}"
         )
     folder = root / ("train" if split == "train" else "val")
-    if split == "eval":
-        if not folder.is_dir():
-            log.warning("no held-out folder %s: evaluation is off", folder)
-            return None
-        if list_classes(folder) != list_classes(root / "train"):
-            raise UsageError(f"{folder} and {root / 'train'} have different class folders; both need the same classes")
+    if split == "eval" and not has_held_out_folder(data):
+        log.warning("no held-out folder %s: evaluation is off", folder)
+        return None
     index = scan_image_folder(folder)
     images: Dataset[Batch]
     if isinstance(transform, VarResizeCrop):
@@ -246,7 +260,7 @@ def _folder_split(data: DataConfig, split: Split, transform: Transform, *, seed:
     }
     if size < len(index.files):
         description["limit"] = size
-    return ImageSplit(images, len(index.classes), description)
+    return ImageSplit(images, len(index.classes), description, len(index.files))
 
 
 def _normalise_signed(img_3HW: torch.Tensor, *, mean: Stats, std: Stats) -> torch.Tensor:
@@ -291,7 +305,7 @@ def _side(transform: Transform, kind: str) -> int:
     return int(side)
 
 
-def _memory_split(data: _InMemory, transform: Transform, *, seed: int) -> ImageSplit:
+def _memory_split(data: _InMemory, transform: Transform, *, seed: int, total: int) -> ImageSplit:
     images: Dataset[Batch]
     if isinstance(transform, VarResizeCrop):
         images = TensorImageDataset(data.signed(), data.labels_N, flip=transform.flip, seed=seed)
@@ -317,7 +331,7 @@ def _memory_split(data: _InMemory, transform: Transform, *, seed: int) -> ImageS
         images = CifarAugmentDataset(
             images_NHW3, data.labels_N.numpy(), augment=True, seed=seed, mean=transform.mean, std=transform.std
         )
-    return ImageSplit(images, data.num_classes, data.description)
+    return ImageSplit(images, data.num_classes, data.description, total)
 
 
 def _cifar_format(data: DataConfig, split: Split, fake_files: Path | None) -> _InMemory:

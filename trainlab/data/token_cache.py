@@ -20,8 +20,9 @@ ImageNet-1k at 256 px: 1,281,167 x 680 x 2 bytes = 1.74 GB per variant.
 Fingerprint: a SHA-256 of the tokenizer's weights, the patch_nums, the vocabulary size, the variants and a
 description of the dataset (kind, size, class count, image side, crop, and for folders a hash of the file list).
 `ensure_token_cache` rebuilds a cache whose fingerprint differs, or refuses it (one-line `UsageError` naming the
-fields that differ), as the caller chooses. Under torchrun every rank encodes its share of the images into the same
-files (the cache path must be visible to all ranks: one node, or a shared file system).
+fields that differ), as the caller chooses. It never deletes what is not a cache: a folder at the cache path that
+holds other files than a cache's is refused, not replaced. Under torchrun every rank encodes its share of the images
+into the same files (the cache path must be visible to all ranks: one node, or a shared file system).
 """
 
 # Shape legend: N images, A variants, L tokens of all scales, B batch, pn side of one scale.
@@ -58,11 +59,43 @@ VARIANT_MIRRORED = "mirrored"
 _META = "meta.json"
 _TOKENS = "tokens.npy"
 _LABELS = "labels.npy"
+_CACHE_FILES = frozenset({_META, _TOKENS, _LABELS})
+_CHECK_CHUNK = 1 << 24  # array elements per pass of the value check (32 MiB of int16 tokens)
 
 
 def _damaged(path: Path, detail: str) -> DataError:
     detail = " ".join(detail.split())[:200]
     return DataError(f"token cache file {path} is damaged ({detail}); delete {path.parent} and it is rebuilt")
+
+
+def _check_range(path: Path, array: np.ndarray, end: int, what: str, bound: str) -> None:
+    """Every value of `array` in [0, end), read in chunks (a memory map is not loaded whole)."""
+    flat = array.reshape(-1)
+    for start in range(0, flat.size, _CHECK_CHUNK):
+        chunk = flat[start : start + _CHECK_CHUNK]
+        low, high = int(chunk.min()), int(chunk.max())
+        if low < 0 or high >= end:
+            bad = low if low < 0 else high
+            raise _damaged(path, f"{what} must be in [0, {end}) ({bound}), found {bad}")
+
+
+def _refuse_foreign(path: Path) -> None:
+    """Refuse a cache path that holds anything but a cache's own files: building a cache replaces the folder.
+
+    Raises:
+        UsageError: `path` is a file, or a folder with other entries than meta.json, tokens.npy and labels.npy.
+    """
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise UsageError(f"token cache path {path} is a file, not a folder; pass a new --token-cache-path")
+    foreign = sorted(entry.name for entry in path.iterdir() if entry.name not in _CACHE_FILES)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UsageError(
+            f"{path} is not a token cache (it holds {shown}), and building one would replace it; "
+            "pass an empty or new --token-cache-path"
+        )
 
 
 def tokenizer_sha256(model: nn.Module) -> str:
@@ -149,14 +182,20 @@ def check_token_cache(path: Path, spec: TokenCacheSpec) -> tuple[Literal["ok", "
 class TokenCache:
     """A complete cache directory, memory-mapped read-only (opened lazily in each process, never pickled).
 
-    Opening checks the arrays against meta.json (integer tokens of shape (N, A, L), int labels of shape (N,)), so a
-    damaged or replaced file is one line naming it here, not an error inside a loader worker later.
+    Opening checks the arrays against meta.json (integer tokens of shape (N, A, L) with ids in [0, V), int labels of
+    shape (N,), in [0, num_classes) when that is given), so a damaged or replaced file is one line naming it here, not
+    an error inside a loader worker (or a class id read as "no class") later. The value check reads every token once
+    (about a second for ImageNet's 1.7 GB per variant).
+
+    Args:
+        path: the cache directory.
+        num_classes: the class count of the dataset it was built from; None: labels are not range-checked.
 
     Raises:
         UsageError: no meta.json; `DataError`: a damaged meta.json, tokens.npy or labels.npy.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, num_classes: int | None = None) -> None:
         self.path = Path(path)
         meta = read_meta(self.path)
         if meta is None:
@@ -180,6 +219,11 @@ class TokenCache:
             )
         if labels_N.shape != (self.num_items,) or labels_N.dtype.kind != "i":
             raise _damaged(self.path / _LABELS, f"{labels_N.dtype} {labels_N.shape}, expected int ({self.num_items},)")
+        vocab_size = meta["fingerprint"].get("vocab_size")
+        if isinstance(vocab_size, int):
+            _check_range(self.path / _TOKENS, tokens_NAL, vocab_size, "token ids", "the codebook size")
+        if num_classes is not None:
+            _check_range(self.path / _LABELS, labels_N, num_classes, "class ids", "the dataset's class count")
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -275,8 +319,9 @@ def build_token_cache(
     device: torch.device,
     batch_size: int = 64,
     num_workers: int = 0,
+    num_classes: int | None = None,
 ) -> TokenCache:
-    """Encode every image of every variant dataset and write the cache at `path` (replacing what is there).
+    """Encode every image of every variant dataset and write the cache at `path` (replacing a cache that is there).
 
     Every rank of a process group encodes rows rank, rank + world, ... into the same files; rank 0 writes
     `meta.json` last and moves the finished directory into place.
@@ -290,12 +335,17 @@ def build_token_cache(
         device: where to encode.
         batch_size: images per encoder call.
         num_workers: DataLoader workers for decoding images.
+        num_classes: as `TokenCache`'s.
 
     Returns:
         The finished cache.
+
+    Raises:
+        UsageError: `path` holds other files than a cache's (checked before encoding: nothing is deleted).
     """
     assert len(variant_datasets) == len(spec.variants)
     path = Path(path)
+    _refuse_foreign(path)
     num_items = len(variant_datasets[0])  # type: ignore[arg-type]
     building = path.with_name(path.name + ".building")
     rank, world = dist.rank(), dist.world_size()
@@ -370,7 +420,7 @@ def build_token_cache(
         os.replace(building, path)
         log.info("token cache written: %s (%d images x %d variant(s))", path, num_items, len(spec.variants))
     dist.barrier()
-    return TokenCache(path)
+    return TokenCache(path, num_classes=num_classes)
 
 
 def ensure_token_cache(
@@ -383,6 +433,7 @@ def ensure_token_cache(
     device: torch.device,
     batch_size: int = 64,
     num_workers: int = 0,
+    num_classes: int | None = None,
 ) -> TokenCache:
     """Open the cache at `path` if its fingerprint matches `spec`; otherwise build it.
 
@@ -395,14 +446,17 @@ def ensure_token_cache(
         device: where to encode.
         batch_size: images per encoder call.
         num_workers: DataLoader workers while encoding.
+        num_classes: the dataset's class count: the cache's labels must be below it.
 
     Raises:
-        UsageError: a stale cache and `on_stale="refuse"`.
+        UsageError: a stale cache and `on_stale="refuse"`; a folder at `path` that holds other files than a cache's.
+        DataError: token ids or labels out of range (a damaged or edited cache).
     """
     status, diffs = check_token_cache(path, spec)
     if status == "ok":
         log.info("token cache %s matches (tokenizer, patch_nums, dataset): using it", path)
-        return TokenCache(path)
+        return TokenCache(path, num_classes=num_classes)
+    _refuse_foreign(path)  # before encoding: a refusal costs nothing and deletes nothing
     if status == "stale":
         if on_stale == "refuse":
             raise UsageError(
@@ -413,5 +467,12 @@ def ensure_token_cache(
     else:
         log.info("token cache %s not found: encoding the dataset once with the frozen tokenizer", path)
     return build_token_cache(
-        path, spec, make_datasets(), tokenizer, device=device, batch_size=batch_size, num_workers=num_workers
+        path,
+        spec,
+        make_datasets(),
+        tokenizer,
+        device=device,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        num_classes=num_classes,
     )

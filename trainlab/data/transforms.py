@@ -59,6 +59,7 @@ HALF = (0.5, 0.5, 0.5)  # maps [0, 1] to [-1, 1] (digits, fake images)
 RESIZE_RATIO = 1.125  # VAR official: mid_reso = round(1.125 * final_reso)
 CROP_MIN = 0.08  # RandomResizedCrop's default scale (0.08, 1), as main_lincls.py uses it
 EVAL_RESIZE_RATIO = 256 / 224  # Resize(256) + CenterCrop(224)
+MAX_EVAL_ASPECT = 16  # resize_center_crop cuts longer images to their centre first (exact for any usual photo)
 CROP_PADDING = 4  # CIFAR: RandomCrop(32, padding=4)
 SOLARIZE_THRESHOLD = 128 / 255  # moco/loader.py: ImageOps.solarize(threshold=128) on 8-bit pixels
 
@@ -245,7 +246,15 @@ def random_resized_crop_flip(
 def resize_center_crop(
     img_CHW: torch.Tensor, image_size: int, *, mean: Sequence[float], std: Sequence[float]
 ) -> torch.Tensor:
-    """Resize(round(S * 256 / 224)) of the shorter side + CenterCrop(S), normalised: (3, S, S) float32."""
+    """Resize(round(S * 256 / 224)) of the shorter side + CenterCrop(S), normalised: (3, S, S) float32.
+
+    An image longer than `MAX_EVAL_ASPECT` times its shorter side is first cut to its central part of that aspect
+    (the centre crop never sees the rest): resized whole, a valid 4,000,000 x 1 PNG would take 15 GB.
+    """
+    height, width = img_CHW.shape[-2:]
+    longest = MAX_EVAL_ASPECT * min(height, width)
+    if max(height, width) > longest:
+        img_CHW = TF2.center_crop(img_CHW, [min(height, longest), min(width, longest)])
     x_CHW = TF2.resize(to_unit_float(img_CHW), [round(image_size * EVAL_RESIZE_RATIO)], antialias=True)
     x_CSS = TF2.center_crop(x_CHW, [image_size, image_size]).clamp(0.0, 1.0)
     return TF2.normalize(x_CSS, list(mean), list(std))

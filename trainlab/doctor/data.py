@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainlab.data.image_folder import FolderIndex, scan_image_folder
+from trainlab.data.image_folder import FolderIndex, evenly_spaced, scan_image_folder
 from trainlab.data.images import UnreadableImage, read_image
 from trainlab.doctor.report import Check
 from trainlab.errors import UsageError
@@ -36,13 +36,6 @@ class DecodeResult:
     listed: int
     decoded: int
     unreadable: tuple[str, ...]  # the reader's one-line message per unreadable file
-
-
-def evenly_spaced(count: int, sample: int) -> list[int]:
-    """`sample` indices spread evenly over `range(count)` (all of them when `sample` is 0 or >= count)."""
-    if sample == 0 or sample >= count:
-        return list(range(count))
-    return [i * count // sample for i in range(sample)]
 
 
 def _decode(path: Path) -> str:

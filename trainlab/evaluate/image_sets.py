@@ -39,6 +39,7 @@ from trainlab.errors import UsageError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _LABEL_PATTERN = re.compile(r"_c(\d+)$")
+_MAX_LABEL = 2**31 - 1  # a class number in a file name beyond this is no class of any model
 _ZIP_LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # signature ... file-name length, extra-field length (30 bytes)
 
 
@@ -136,7 +137,13 @@ def _read_folder(folder: Path, flag: str) -> ImageSet:
             )
     ((width, height),) = sizes
     matches = [_LABEL_PATTERN.search(p.stem) for p in files]
-    labels_N = np.array([int(m.group(1)) for m in matches if m], dtype=np.int64) if all(matches) else None
+    labels_N = None
+    if all(matches):
+        labels = [int(m.group(1)) for m in matches if m]
+        if max(labels) > _MAX_LABEL:
+            name = files[labels.index(max(labels))].name
+            raise UsageError(f"{flag} {folder}: {name} names class {max(labels)}, which no model has; rename the file")
+        labels_N = np.array(labels, dtype=np.int64)
     return ImageSet(folder, files, None, (height, width, 3), labels_N)
 
 

@@ -48,7 +48,7 @@ from trainlab.data.config import (
     root_option,
     train_limit_option,
 )
-from trainlab.data.sources import EvalImages, eval_images, normalisation, open_split
+from trainlab.data.sources import EvalImages, eval_images, has_held_out_folder, normalisation, open_split
 from trainlab.data.transforms import TwoViews
 from trainlab.engine.recipe import Batch, Phase, Recipe, StepInfo, TrainConfig, TrainParts, unwrap_model
 from trainlab.engine.schedule import ScheduleConfig
@@ -281,7 +281,31 @@ class MocoRecipe(Recipe[MocoConfig]):
         self._views = views
         train = open_split(c.data, "train", views, seed=c.seed)
         assert train is not None
+        self._check_monitor(train.total)
         return train.images
+
+    def _check_monitor(self, train_images: int) -> None:
+        """What the kNN monitor's first evaluation would refuse, refused before the first epoch: a folder's missing
+        or mismatched val/, a k above the bank's size (min(--data.eval-limit, the training images))."""
+        c = self.config
+        if not self._monitors:
+            return
+        if c.data.kind == "image-folder" and not has_held_out_folder(c.data):
+            raise UsageError(
+                f"the kNN monitor (--data.eval-limit {c.data.eval_limit}) needs held-out images: {c.data.root / 'val'} "
+                "not found; add it, or pass --data.eval-limit 0"
+            )
+        bank = min(c.data.eval_limit, train_images) if c.data.eval_limit > 0 else train_images
+        if c.knn_k > bank:
+            raise UsageError(
+                f"--knn-k: k={c.knn_k} must be between 1 and the kNN monitor's bank size {bank} (the training images"
+                f"{', at most --data.eval-limit' if c.data.eval_limit > 0 else ''}); lower --knn-k"
+            )
+
+    @property
+    def _monitors(self) -> bool:
+        """Whether `evaluate` runs the kNN monitor (a folder's only with --data.eval-limit > 0)."""
+        return not (self.config.data.kind == "image-folder" and self.config.data.eval_limit <= 0)
 
     def prepare_batch(self, batch: Batch) -> Batch:
         """--augment-device cuda: the views' adjustments, batched on the device (`trainlab.data.batch_views`)."""
@@ -339,7 +363,7 @@ class MocoRecipe(Recipe[MocoConfig]):
 
     def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
         c = self.config
-        if c.data.kind == "image-folder" and c.data.eval_limit <= 0:
+        if not self._monitors:
             return {}  # a kNN bank of a whole ImageNet-size folder is left to `trainlab eval knn`
         if self._eval_images is None:
             self._eval_images = eval_images(c.data, c.image_size)

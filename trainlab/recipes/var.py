@@ -313,6 +313,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
             device=device,
             batch_size=c.token_cache_batch_size,
             num_workers=c.num_workers,
+            num_classes=split.num_classes,
         )
         return TokenCacheDataset(cache, seed=c.seed, random_variant=train)
 
