@@ -36,3 +36,22 @@ def test_bench_two_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_bench_refuses_invalid_mode(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "precision", "--modes", "fp32-scale"]) == 2  # --modes takes a Literal: refused at parse time
     assert "argument --modes: invalid choice: 'fp32-scale'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--modes", "fp32", "fp32"], "--modes lists fp32 more than once"),
+        (["--modes", "fp32", "--", "--precision", "fp16"], "change precision (fp32 -> fp16), which the bench sets"),
+        (["--modes", "fp32", "--", "--seed", "3"], "change seed (0 -> 3)"),
+        (["--modes", "fp32", "--", "--data-root", "elsewhere"], "change data ("),  # a former spelling too
+    ],
+)
+def test_bench_refuses_what_would_mislabel_a_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """A run labelled fp32 that trained in fp16, or one run counted as two seeds: refused before anything runs."""
+    argv = ["bench", "precision", "--model", "cifar_vgg_debug", "--data.kind", "fake", "--device", "cpu"]
+    assert main([*argv, "--run-dir", str(tmp_path / "b"), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

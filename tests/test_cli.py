@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -187,8 +191,12 @@ def test_help_lists_literal_choices(capsys: pytest.CaptureFixture[str]) -> None:
         (["--checkpoint-every", "-3"], "--checkpoint-every must be >= 0"),
         (["--optim.learning-rate", "-2"], "--optim.learning-rate must be > 0 or -1, got -2"),
         (["--optim.learning-rate", "nan"], "--optim.learning-rate must be a finite number"),
-        (["--device", "mps"], "unknown --device 'mps'"),
+        (["--device", "mps"], "unknown --device 'mps'; use auto, cpu, cuda or cuda:N"),
+        (["--device", "cuda:-1"], "unknown --device 'cuda:-1'; use auto, cpu, cuda or cuda:N"),
+        (["--device", "cpu:1"], "unknown --device 'cpu:1'"),
         (["--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1"),
+        (["--optim.learning-rate", "-inf"], "--optim.learning-rate must be a finite number > 0 or -1, got -inf"),
+        (["--optim.learning-rate", "-1e-3"], "--optim.learning-rate must be > 0 or -1, got -0.001"),
     ],
 )
 def test_bad_engine_settings_are_one_line_errors(
@@ -212,3 +220,139 @@ def test_a_checkpoint_with_missing_fields_is_one_line(tmp_path: Path, capsys: py
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "incomplete or damaged" in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "trainlab: error: no command given; choose one of: train"),
+        (["train"], "trainlab train: error: name a recipe: cifar"),
+        (["plan"], "trainlab plan: error: name a recipe: cifar"),
+        (["bench"], "trainlab bench: error: name a benchmark: precision or data"),
+        (["bench", "data"], "trainlab bench: error: name a recipe: cifar"),
+        (["eval"], "trainlab eval: error: name an evaluation: knn, linear-probe, fid or judge"),
+        (["launch"], "trainlab launch: error: no command to launch"),
+    ],
+)
+def test_a_missing_command_or_recipe_is_an_error_line_on_stderr(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip().splitlines()[-1].startswith(message), captured.err
+
+
+def _command(monkeypatch: pytest.MonkeyPatch, body: Callable[[list[str]], int]) -> None:
+    import trainlab.cli as cli
+
+    monkeypatch.setattr(cli, "_load", lambda target: body)
+
+
+def test_sigterm_outside_the_training_loop_ends_like_ctrl_c(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Imports, building, an evaluation command: no save to make, one line instead of a silent death (exit 143)."""
+
+    def building(argv: list[str]) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        return 0
+
+    _command(monkeypatch, building)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["doctor"]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "trainlab doctor: terminated (SIGTERM)"
+    assert signal.getsignal(signal.SIGTERM) is before  # an in-process caller gets its handler back
+
+
+@pytest.mark.parametrize(
+    ("error", "torchrun", "code", "line"),
+    [
+        (
+            RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: 3840000000"),
+            False,
+            2,
+            "trainlab doctor: error: out of memory ([enforce fail",
+        ),
+        (
+            RuntimeError("[../gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:4711"),
+            True,
+            1,
+            "trainlab doctor: error: another process of the run is gone",
+        ),
+    ],
+)
+def test_host_memory_and_a_lost_peer_are_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: RuntimeError,
+    torchrun: bool,
+    code: int,
+    line: str,
+) -> None:
+    def failing(argv: list[str]) -> int:
+        raise error
+
+    _command(monkeypatch, failing)
+    if torchrun:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setattr("trainlab.launcher.record_error_for_launcher", lambda line: None)
+    assert main(["doctor"]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(line), err
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(RuntimeError, match="Connection closed"):  # outside torchrun it is no peer's: a bug
+        _command(monkeypatch, lambda argv: (_ for _ in ()).throw(RuntimeError("Connection closed by peer")))
+        main(["doctor"])
+
+
+def test_nothing_follows_the_error_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """What fails in a finaliser as the command's objects are let go (a half-started DataLoader iterator's __del__)
+    is a consequence of the error: the line stays the last thing on stderr."""
+
+    class HalfBuilt:
+        def __del__(self) -> None:
+            raise AttributeError("no attribute '_workers_status'")
+
+    def failing(argv: list[str]) -> int:
+        held = HalfBuilt()  # freed with the traceback, after the line is printed
+        raise UsageError(f"too many open files ({held is not None})")
+
+    _command(monkeypatch, failing)
+    reported: list[str] = []  # what the interpreter would print as "Exception ignored in ..."
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: reported.append(repr(unraisable.exc_value)))
+    assert main(["doctor"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["trainlab doctor: error: too many open files (True)"] and reported == [], (err, reported)
+    HalfBuilt()  # after the command: the caller's hook is back
+    assert reported == ["AttributeError(\"no attribute '_workers_status'\")"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not a rank"),
+        ({"RANK": "0", "WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a rank"),
+        ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 of WORLD_SIZE=2"),
+    ],
+)
+def test_a_damaged_launch_environment_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    env: dict[str, str],
+    message: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("trainlab.launcher.record_error_for_launcher", lambda line: None)
+    assert main(["train", "toy", "--device", "cpu", "--max-steps", "1", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_junk_rank_outside_torchrun_is_ignored(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RANK", "abc")  # no WORLD_SIZE: one process, as before
+    assert main(["train", "toy", "--device", "cpu", "--max-steps", "1", "--run-dir", str(tmp_path / "r")]) == 0

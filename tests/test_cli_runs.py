@@ -49,7 +49,8 @@ def _train(step: int, loss: float) -> dict[str, Any]:
 
 
 @pytest.fixture
-def runs_root(tmp_path: Path) -> Path:
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # where the runs were launched: their recorded --run-dir runs/NAME names them
     root = tmp_path / "runs"
     evals = [{"kind": "eval", "step": 8, "epoch": 0, "accuracy": 0.75, "loss": 0.6}]
     _run_dir(
@@ -88,6 +89,17 @@ def test_statuses_steps_metrics_and_resume_commands(runs_root: Path) -> None:
     assert sigterm.command == "trainlab train toy --run-dir runs/sigterm --epochs 2"  # --overwrite would start over
     assert killed.step == 14 and killed.loss is not None and killed.loss != killed.loss  # nan stays visible
     assert states["early"].total_steps is None and states["early"].checkpoint_step is None
+
+
+def test_a_moved_run_is_resumed_where_it_is_now(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded --run-dir names where the run was; relaunched from there, the command would start a new run."""
+    (runs_root / "sigterm").rename(runs_root / "moved")
+    assert run_state(runs_root / "moved").command == (f"trainlab train toy --run-dir {runs_root / 'moved'} --epochs 2")
+    monkeypatch.chdir(runs_root)  # launched elsewhere: the relative path would name another folder
+    (runs_root / "moved").rename(runs_root / "sigterm")
+    assert run_state(runs_root / "sigterm").command == (
+        f"trainlab train toy --run-dir {runs_root / 'sigterm'} --epochs 2"
+    )
 
 
 def test_a_locked_run_dir_is_running(runs_root: Path) -> None:

@@ -305,7 +305,7 @@ EDIT = [
         ([*SAMPLE, "--guidance", "1e38"], "--guidance must be in [0, 1000], got 1e+38"),
         ([*SAMPLE, "--top-p", "0"], "--top-p must be in (0, 1], got 0"),
         ([*EDIT, "--guidance", "inf"], "--guidance must be a finite number in [0, 1000], got inf"),
-        ([*EDIT, "--num-results", "0"], "--num-results must be >= 1, got 0"),
+        ([*EDIT, "--num-results", "0"], "--num-results must be in [1, 64], got 0"),
         (["demo", "--guidance", "inf"], "--guidance must be a finite number in [0, 1000], got inf"),
         (["eval", "knn", "--temperature", "0"], "--temperature must be >= 0.02, got 0"),
         (["eval", "knn", "--temperature=-1"], "--temperature must be >= 0.02, got -1"),

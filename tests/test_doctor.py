@@ -163,6 +163,8 @@ def test_cpu_cores_count_a_container_quota_and_oversubscription() -> None:
     idle_gpu = host.check_cpu_cores(16, "test", host.LoaderDemand(num_workers=0, processes=1), "cuda")
     assert idle_gpu.status == "WARN" and "--num-workers 8" in idle_gpu.fix
     assert host.check_cpu_cores(16, "test", host.LoaderDemand(num_workers=0), "cpu").status == "PASS"
+    crowded = host.check_cpu_cores(2, "test", host.LoaderDemand(num_workers=0, processes=100000), "cpu")
+    assert crowded.status == "WARN" and crowded.fix.startswith("--nproc-per-node 2 or fewer")  # no workers to drop
 
 
 def test_open_file_limits() -> None:

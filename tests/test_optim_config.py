@@ -127,6 +127,14 @@ def test_former_optimizer_flags_set_the_optim_group_with_a_warning(
     assert "former spelling" in caplog.text and "--optim." in caplog.text
 
 
+def test_a_former_beta_flag_that_contradicts_optim_betas_is_refused(tmp_path: Path) -> None:
+    argv = ["--discriminator-layers", "2", "--model", "vqvae_debug", "--run-dir", str(tmp_path)]
+    with pytest.raises(UsageError, match=r"ask for betas 0.5 0.95 but --optim.betas is 0.9 0.95; pass only"):
+        parse(TokenizerConfig, ["--adam-beta1", "0.5", "--optim.betas", "0.9", "0.95", *argv], prog="t")
+    agreeing = parse(TokenizerConfig, ["--adam-beta1", "0.9", "--optim.betas", "0.9", "0.95", *argv], prog="t")
+    assert agreeing.optim.betas == (0.9, 0.95)
+
+
 def test_mocos_momentum_stays_the_encoder_coefficient(tmp_path: Path) -> None:
     """`--momentum` is MoCo's momentum-encoder coefficient (official --moco-m); SGD / LARS momentum is
     `--optim.momentum` in every recipe (CIFAR's former `--momentum` only in CIFAR)."""

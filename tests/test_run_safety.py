@@ -473,6 +473,43 @@ def test_output_paths_that_are_files_are_one_line(tmp_path: Path, capsys: pytest
     assert f"Is a directory: {run}/metrics.jsonl; a folder is in the way" in line
 
 
+def test_a_folder_at_last_pt_is_refused_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found at the relaunch, not at the first save after minutes of training."""
+    run = tmp_path / "run"
+    argv = ["train", "toy", "--max-steps", "4", "--checkpoint-every", "2", "--tensorboard", "false"]
+    assert main([*argv, "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    (run / "ckpt" / "last.pt").unlink()
+    (run / "ckpt" / "last.pt").mkdir()
+    rows = (run / "metrics.jsonl").read_text()
+    line = _one_line(capsys, [*argv[:3], "8", *argv[4:], "--run-dir", str(run)])
+    assert line.endswith(
+        f"{run}/ckpt/last.pt is a folder where the run keeps a checkpoint file; move it away, then relaunch"
+    )
+    assert (run / "metrics.jsonl").read_text() == rows  # nothing trained
+
+
+def test_sigterm_to_the_launcher_is_one_line_and_exit_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchrun passes the signal on to the workers (which save) and raises SignalException in the launcher."""
+    import signal
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def stopped(args: object) -> None:
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(torchrun, "run", stopped)
+    assert main(["launch", "--nproc-per-node", "2", "train", "toy"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "trainlab launch: SIGTERM received: passed on to the workers, which finish their step, save and stop; run the "
+        "same command again to resume"
+    ]
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [

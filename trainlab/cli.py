@@ -13,9 +13,12 @@ Flags are one vocabulary across commands (`trainlab/vocabulary.py`). The dispatc
 it runs, and a command imports torch when it needs it: `--help`, `runs`, `report` and usage errors load no torch.
 
 One error boundary for every command: a user error (`UsageError`), an OS error (full disk, read-only or missing
-path, a file where a folder is expected, ...) and running out of memory print one line `trainlab CMD: error: ...`
-and exit with code 2 (a diverged run: 1); anything else is a bug and keeps its traceback. Under torchrun only rank 0
-prints the line (every rank exits with the code) and the line goes to torchrun's error file for its summary.
+path, a file where a folder is expected, ...) and running out of memory (a device's or the host's) print one line
+`trainlab CMD: error: ...` and exit with code 2 (a diverged run: 1); a collective that fails because another
+process of the run died is one line with exit code 1; anything else is a bug and keeps its traceback. Under
+torchrun only rank 0 prints the line (every rank exits with the code) and the line goes to torchrun's error file
+for its summary. SIGTERM outside the training loop (whose own handlers save first) ends a command as Ctrl-C does:
+one line, exit code 143 (Ctrl-C: 130).
 `--help` on any subcommand documents every field.
 """
 
@@ -26,13 +29,15 @@ import gc
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from trainlab import launcher
 from trainlab.engine.host_allocator import configure_host_allocator
-from trainlab.errors import UsageError
+from trainlab.errors import Terminated, UsageError
 
 log = logging.getLogger("trainlab")
 
@@ -74,7 +79,7 @@ _OS_ERROR_FIX = {
 
 
 def setup_logging() -> None:
-    rank = int(os.environ.get("RANK", "0"))
+    rank = launcher.launched_rank()  # a damaged RANK is refused inside the command, as one line
     level = logging.INFO if rank == 0 else logging.WARNING
     logging.basicConfig(
         level=level,
@@ -110,16 +115,49 @@ def describe_os_error(err: OSError) -> str:
     return f"{reason}{where}; {fix}"
 
 
+# What torch's CPU allocator raises (a plain RuntimeError) when the host cannot give it memory.
+_HOST_ALLOCATOR_FAILURES = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+# What a collective raises when another process of the run died under it (gloo; NCCL's watchdog says it its own way).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote process exited or there was a network")
+
+
 def _out_of_memory(err: BaseException) -> bool:
-    """MemoryError (host) or torch's OutOfMemoryError (a device's allocator)."""
+    """MemoryError (host), torch's OutOfMemoryError (a device's allocator) or its CPU allocator's RuntimeError."""
     if isinstance(err, MemoryError):
         return True
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(err, torch.OutOfMemoryError)
+    if torch is not None and isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and any(text in str(err) for text in _HOST_ALLOCATOR_FAILURES)
+
+
+def _peer_lost(err: BaseException) -> bool:
+    """A collective's error because another process of a torchrun run died (that process's failure is the news)."""
+    return launcher.launched_by_torchrun() and any(text in str(err) for text in _PEER_LOST)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _after_the_line(unraisable: sys.UnraisableHookArgs) -> None:
+    """`sys.unraisablehook` once a command's one line is out: what fails in a finaliser while the command's objects
+    are let go (a half-started DataLoader iterator's `__del__`, ...) is a consequence of that error, not news."""
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A background thread's OS error (a log writer whose run directory was deleted) in one line: the command's own
+    error boundary says what it means for the run. Anything else is a bug: the default hook prints its traceback."""
+    if isinstance(args.exc_value, OSError):
+        thread = args.thread.name if args.thread is not None else "a thread"
+        log.error("%s stopped: %s", thread, describe_os_error(args.exc_value))
+        return
+    threading.__excepthook__(args)
 
 
 def _fail(name: str, message: str, exit_code: int) -> int:
     """Print the one line (rank 0 only under torchrun), hand it to torchrun's error file, return the exit code."""
+    sys.unraisablehook = _after_the_line
     line = f"trainlab {name}: error: {' '.join(message.split())}"
     if launcher.launched_rank() == 0:
         print(line, file=sys.stderr)
@@ -129,10 +167,12 @@ def _fail(name: str, message: str, exit_code: int) -> int:
 
 def _launch(rest: list[str]) -> int:
     """`trainlab launch [torchrun options] COMMAND ...`: the torchrun options end at the first command name."""
-    if not rest or rest[0] in ("-h", "--help"):
+    if not rest:
+        raise UsageError("no command to launch: trainlab launch [torchrun options] COMMAND [options]")
+    if rest[0] in ("-h", "--help"):
         print("usage: trainlab launch [torchrun options] COMMAND [options]")
         print(f"  {LAUNCH_HELP}; the options are torchrun's (`torchrun --help`)")
-        return 0 if rest else 2
+        return 0
     split = next((i for i, arg in enumerate(rest) if arg in _COMMANDS), None)
     if split is None:
         raise UsageError(f"no command to launch; name one of: {', '.join(_COMMANDS)} (after the torchrun options)")
@@ -141,9 +181,13 @@ def _launch(rest: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if not args:
+        print(_usage(), file=sys.stderr)
+        print(f"trainlab: error: no command given; choose one of: {', '.join([*_COMMANDS, 'launch'])}", file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help"):
         print(_usage())
-        return 0 if args else 2
+        return 0
     if args[0] == "--version":
         import trainlab
 
@@ -155,6 +199,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trainlab: error: unknown command {name!r}; choose one of: {choices}", file=sys.stderr)
         return 2
     setup_logging()
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    if name != "launch" and on_sigterm is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_terminated)  # the main thread's: a command here is in it
+    hooks = sys.unraisablehook, threading.excepthook
+    threading.excepthook = _thread_failed
+    try:
+        return _run_command(name, rest)
+    finally:
+        sys.unraisablehook, threading.excepthook = hooks
+        if signal.getsignal(signal.SIGTERM) is _raise_terminated:
+            signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _run_command(name: str, rest: list[str]) -> int:
+    """The error boundary (module docstring) around one command."""
     try:
         if name == "launch":
             return _launch(rest)
@@ -164,11 +223,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(name, str(err), err.exit_code)
     except OSError as err:
         return _fail(name, describe_os_error(err), 2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        terminated = isinstance(err, Terminated)
+        sys.unraisablehook = _after_the_line
         if launcher.launched_rank() == 0:
-            print(f"trainlab {name}: interrupted", file=sys.stderr)
-        return 130
+            print(f"trainlab {name}: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except (MemoryError, RuntimeError) as err:
+        if _peer_lost(err):
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            return _fail(name, f"another process of the run is gone ({first}); see the launcher's message", 1)
         if not _out_of_memory(err):
             raise  # a bug: the traceback is what helps
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
@@ -183,6 +247,7 @@ def run() -> NoReturn:
     """
     exit_code = main()
     if exit_code != 0:
+        sys.unraisablehook = _after_the_line  # the line is out: a second Ctrl-C in an atexit callback is no news
         launcher.exit_failed_worker(exit_code)
     # What is alive now lives to the end of the process: the interpreter's last collection, which walks every object
     # of torch's modules (~0.75 s of each command on a 2-core CPU), is skipped. The command's files are closed by then

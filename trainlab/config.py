@@ -32,6 +32,7 @@ import dataclasses
 import difflib
 import logging
 import math
+import re
 import reprlib
 import types
 import typing
@@ -876,7 +877,16 @@ def _flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
     return names
 
 
+# What argparse should read as a (negative) number value, not as a flag: argparse's own rule (Python 3.11) knows
+# `-5` and `-.5` only, so `--init-std -1e-3` or `--x -inf` would be "expected one argument".
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_NUMBER  # no flag of ours starts with a digit or inf / nan
+
     def error(self, message: str) -> typing.NoReturn:
         names = _flag_names(self)
         shown = sorted(set(names.values()))

@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainlab.errors import TrainingStopped, UsageError
-from trainlab.launcher import expect_launcher_stop, launched_by_torchrun, local_rank
+from trainlab.launcher import expect_launcher_stop, launched_by_torchrun, local_rank, torchrun_variable
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,13 @@ def init(device_type: str, timeout_s: float = LONG_WAIT_S) -> None:
     docstring).
     """
     global _monitor, _timeout_s
-    if is_initialized() or not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+    if is_initialized() or not launched_by_torchrun():
         return
+    world, rank_here = torchrun_variable("WORLD_SIZE"), torchrun_variable("RANK")
+    if world == 1:
+        return
+    if not rank_here < world:
+        raise UsageError(f"the environment says RANK={rank_here} of WORLD_SIZE={world}; launch with torchrun")
     exit_with_parent()
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":

@@ -30,6 +30,12 @@ class TrainingStopped(UsageError):
     exit_code = 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training loop (imports, building, evaluation commands): raised by the CLI's handler where
+    Ctrl-C would raise KeyboardInterrupt, so both end the same way (one line; the training loop installs its own
+    handlers, which save first)."""
+
+
 def first_line(err: BaseException, limit: int = FIRST_LINE_LIMIT) -> str:
     """`TypeName: first non-empty line of the message`, at most `limit` characters (an ellipsis marks a cut).
 

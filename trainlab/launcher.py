@@ -23,16 +23,43 @@ log = logging.getLogger(__name__)
 
 def launched_rank() -> int:
     """This process's rank from torchrun's RANK (0 in a single process): valid before the process group exists and
-    after it is destroyed (the CLI prints errors on rank 0 only)."""
+    after it is destroyed (the CLI prints errors on rank 0 only). Never raises: without a valid RANK below a valid
+    WORLD_SIZE the process counts as alone (rank 0), so it prints the error its damaged environment causes."""
     try:
-        return int(os.environ.get("RANK", "0"))
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return 0
+    return rank if 0 <= rank < world else 0
 
 
 def local_rank() -> int:
-    """Rank on this machine, from torchrun's LOCAL_RANK (0 in a single process): picks the CUDA device."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    """Rank on this machine, from torchrun's LOCAL_RANK (0 in a single process): picks the CUDA device.
+
+    Raises:
+        UsageError: LOCAL_RANK is set to something other than a non-negative integer.
+    """
+    return torchrun_variable("LOCAL_RANK")
+
+
+def torchrun_variable(name: str, default: int = 0) -> int:
+    """One of torchrun's integer variables (RANK, WORLD_SIZE, LOCAL_RANK), `default` where it is not set.
+
+    Raises:
+        UsageError: the variable holds something other than a non-negative integer (a damaged launch environment).
+    """
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UsageError(
+            f"the environment variable {name}={text!r} is not a rank or process count; launch with torchrun (or "
+            "trainlab launch), or unset RANK, WORLD_SIZE and LOCAL_RANK for one process"
+        )
+    return value
 
 
 def launched_by_torchrun() -> bool:
@@ -93,12 +120,15 @@ def launch(launcher_args: Sequence[str], command: Sequence[str]) -> int:
     Plain `torchrun` turns any worker's non-zero exit into a `ChildFailedError` traceback and exit code 1; here the
     first failed worker's exit code is returned as it is (2: a user error, whose one line rank 0 printed; 1: a
     diverged run or a crash, whose message the worker printed; 128 + N: a worker killed by signal N, said in one
-    line). The launcher's own log lines about the failed worker are left out (the worker said what happened).
+    line). The launcher's own log lines about the failed worker are left out (the worker said what happened). SIGTERM
+    or Ctrl-C to the launcher reaches the workers (torchrun passes it on and waits for them), which save as they do
+    without a launcher; the launcher then says so in one line and exits 0, as `trainlab train` does.
 
     Raises:
         UsageError: an option torchrun does not know, or one that names another program to run.
     """
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     for flag in launcher_args:
@@ -127,6 +157,13 @@ def launch(launcher_args: Sequence[str], command: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 128 - failure.exitcode
+    except SignalException as err:  # SIGTERM / Ctrl-C to the launcher: torchrun has passed it on and waited
+        print(
+            f"trainlab launch: {signal.Signals(err.sigval).name} received: passed on to the workers, which finish "
+            "their step, save and stop; run the same command again to resume",
+            file=sys.stderr,
+        )
+        return 0
     finally:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)

@@ -28,7 +28,7 @@ from trainlab.engine.device import DEVICE_HELP
 from trainlab.engine.precision_names import LAB_PRECISIONS, PrecisionName
 from trainlab.engine.run_dir import RunDir
 from trainlab.engine.run_lock import RunDirLock
-from trainlab.errors import UsageError, check_output_path
+from trainlab.errors import Terminated, UsageError, check_output_path
 from trainlab.models.names import FORMER_CIFAR_NAMES, CifarModel
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,9 @@ class PrecisionBenchConfig:
 
     def validate(self) -> None:
         self.data, self.fake_data = upgrade_fake_data(self.data, self.fake_data), 0
+        repeated = sorted({mode for mode in self.modes if self.modes.count(mode) > 1})
+        if repeated:  # one run per mode and seed: a repeat would be counted as another seed
+            raise UsageError(f"--modes lists {', '.join(repeated)} more than once; name each mode once")
 
 
 class _Collect(logging.Handler):
@@ -157,6 +160,55 @@ def _train_command(cfg: PrecisionBenchConfig, mode: str, seed: int, run_dir: Pat
     ]  # fmt: skip
 
 
+# What each run's command sets from the bench's own settings: extra flags may not change them.
+_SET_BY_BENCH = (
+    "model", "precision", "seed", "epochs", "batch_size", "optim.learning_rate", "device", "data", "max_steps",
+    "log_every", "num_workers", "run_dir", "resume",
+)  # fmt: skip
+
+
+def check_extra_flags(cfg: PrecisionBenchConfig, extra: list[str]) -> None:
+    """Refuse extra `trainlab train cifar` flags that change what the bench sets (a `-- --precision fp16` would train
+    the run labelled fp32 in fp16), whatever their spelling: both commands are resolved and compared.
+
+    Raises:
+        UsageError: an extra flag changes one of `_SET_BY_BENCH`, or is not a flag of the CIFAR recipe.
+    """
+    if not extra:
+        return
+    from trainlab.recipes import get_recipe
+
+    recipe = get_recipe("cifar")
+    args = _train_command(cfg, cfg.modes[0], 0, cfg.run_dir / "runs" / "check", [])[5:]
+    prog = "trainlab train cifar"  # the extra flags are its flags
+    alone = parse(recipe.config_class, args, prog=prog)
+    extended = parse(recipe.config_class, [*args, *extra], prog=prog)
+    for name in _SET_BY_BENCH:
+        head, _, tail = name.partition(".")
+        mine, theirs = getattr(alone, head), getattr(extended, head)
+        if tail:
+            mine, theirs = getattr(mine, tail), getattr(theirs, tail)
+        if mine != theirs:
+            raise UsageError(
+                f"the extra flags after `--` change {name} ({mine} -> {theirs}), which the bench sets for each run: "
+                "pass it as a bench option (`trainlab bench precision --help`), not after `--`"
+            )
+
+
+def _run_child(command: list[str], env: dict[str, str]) -> int:
+    """Run one mode's training to its end; stopped by SIGTERM or Ctrl-C, the run stops as it would alone (it
+    finishes its step and saves: Ctrl-C reaches it from the terminal, SIGTERM is passed on) before the bench stops.
+    A later `trainlab bench precision` resumes it."""
+    with subprocess.Popen(command, env=env) as child:
+        try:
+            return child.wait()
+        except KeyboardInterrupt as stop:
+            if isinstance(stop, Terminated):
+                child.terminate()
+            child.wait()
+            raise
+
+
 def run_precision_bench(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
     """Run every mode x seed not finished yet, then write the report; the bench's run directory is locked throughout
     (taken before anything runs: a second bench on the same folder stops at once)."""
@@ -180,11 +232,10 @@ def _run_locked(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
             if not RunDir(run_dir).is_finished():  # an interrupted run resumes
                 log.info("bench: %s seed %d -> %s", mode, seed, run_dir)
                 env = dict(os.environ, TRAINLAB_BENCH="1", **{SHOWN_ENV: json.dumps(shown)})
-                proc = subprocess.run(_train_command(cfg, mode, seed, run_dir, extra), env=env)
-                if proc.returncode != 0:
+                code = _run_child(_train_command(cfg, mode, seed, run_dir, extra), env)
+                if code != 0:
                     raise UsageError(
-                        f"the {mode} run (seed {seed}) failed with exit code {proc.returncode}; "
-                        f"see its output above and {run_dir}"
+                        f"the {mode} run (seed {seed}) failed with exit code {code}; see its output above and {run_dir}"
                     )
             groups.setdefault(mode, []).append(run_dir)
     manifest = {label: [str(d.relative_to(cfg.run_dir)) for d in dirs] for label, dirs in groups.items()}
@@ -203,11 +254,13 @@ def _run_locked(cfg: PrecisionBenchConfig, extra: list[str]) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        raise UsageError("name a benchmark: precision or data; `trainlab bench --help` describes them")
+    if argv[0] in ("-h", "--help"):
         print("usage: trainlab bench precision [options] [-- extra `trainlab train cifar` flags]")
         print("       trainlab bench data RECIPE [--num-workers N] [--seconds S] [--json] [RECIPE's training flags]")
         print("`trainlab bench precision --help` and `trainlab bench data --help` list the options.")
-        return 0 if argv else 2
+        return 0
     if argv[0] == "data":
         from trainlab.commands import bench_data
 
@@ -220,6 +273,7 @@ def main(argv: list[str]) -> int:
         cut = rest.index("--")
         rest, extra = rest[:cut], rest[cut + 1 :]
     cfg = parse(PrecisionBenchConfig, rest, prog="trainlab bench precision")
+    check_extra_flags(cfg, extra)
     run_precision_bench(cfg, extra)
     return 0
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from trainlab.commands.plan import take_options
 from trainlab.config import flags_help, option, parse
+from trainlab.errors import UsageError
 from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
 USAGE = "usage: trainlab bench data RECIPE [--num-workers N] [--seconds S] [--json] [flags of `trainlab train RECIPE`]"
@@ -101,11 +102,13 @@ def _measure(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        raise UsageError(f"name a recipe: {', '.join(list_recipes())}; `trainlab bench data --help` for the flags")
+    if argv[0] in ("-h", "--help"):
         print(USAGE)
         print(f"\nbench flags:\n{flags_help(DataBenchOptions)}")
         print(f"\nrecipes: {', '.join(list_recipes())}; `trainlab bench data RECIPE --help` adds the recipe's flags")
-        return 0 if argv else 2
+        return 0
     name = argv[0]
     check_recipe(name)
     options, rest = take_bench_options(argv[1:])  # checked before the recipe (and torch) is imported

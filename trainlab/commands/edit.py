@@ -77,7 +77,9 @@ class EditConfig:
     top_k: int = option(900, "keep the K most likely tokens, 0 = all", metavar="K", ge=0)
     top_p: float = option(0.96, "nucleus mass, 1 = off", metavar="P", gt=0, le=1)
     more_smooth: bool = option(False, "Gumbel-softmax code mixing inside the mask (kept tokens stay hard)")
-    num_results: int = option(4, "results in the grid", metavar="N", ge=1, deprecated=("--n",))
+    num_results: int = option(
+        4, "results in the grid (one row: at most 64)", metavar="N", ge=1, le=64, deprecated=("--n",)
+    )
     out: Path = option(help="the grid: original, mask overlay, results", metavar="PNG")
     save_tokens: Path | None = option(None, "torch.save a list of int64 (N, pn, pn), one per scale", metavar="PT")
     device: str = option("auto", DEVICE_HELP)

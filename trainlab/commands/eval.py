@@ -262,9 +262,11 @@ def _judge(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        raise UsageError("name an evaluation: knn, linear-probe, fid or judge; `trainlab eval --help` describes them")
+    if argv[0] in ("-h", "--help"):
         print(__doc__)
-        return 0 if argv else 2
+        return 0
     mode, rest = argv[0], argv[1:]
     if mode == "knn":
         return _knn(rest)

@@ -197,13 +197,15 @@ def _gib(n: int | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        raise UsageError(f"name a recipe: {', '.join(list_recipes())}; `trainlab plan --help` for the flags")
+    if argv[0] in ("-h", "--help"):
         print(USAGE)
         print()
         print(WHAT_IT_PRINTS)
         print(f"\nplan flags:\n{flags_help(PlanOptions)}")
         print(f"\nrecipes: {', '.join(list_recipes())}; `trainlab plan RECIPE --help` adds the recipe's flags")
-        return 0 if argv else 2
+        return 0
     name, rest = argv[0], argv[1:]
     check_recipe(name)
     rest, prices = take_prices(rest)

@@ -106,8 +106,12 @@ def _loss(row: dict[str, Any]) -> float | None:
     return next((_number(v) for k, v in row.items() if k.endswith("/loss")), None)
 
 
-def resume_command(command: str) -> str:
-    """The recorded command line without `--overwrite` (which would start over): relaunching it resumes the run."""
+def resume_command(command: str, run_dir: Path | None = None) -> str:
+    """The recorded command line without `--overwrite` (which would start over): relaunching it resumes the run.
+
+    With `run_dir` (where the run was found), a recorded `--run-dir` that names another folder from here (the run was
+    moved, or recorded relative to another working directory) is replaced by it: the command resumes this run.
+    """
     words = shlex.split(command)
     kept: list[str] = []
     skip_value = False
@@ -121,8 +125,21 @@ def resume_command(command: str) -> str:
             following = words[i + 1].lower() if i + 1 < len(words) else ""
             skip_value = following in ("true", "false", "1", "0", "yes", "no", "on", "off")
             continue
+        if run_dir is not None and ((word == "--run-dir" and i + 1 < len(words)) or word.startswith("--run-dir=")):
+            recorded = word.split("=", 1)[1] if "=" in word else words[i + 1]
+            skip_value = "=" not in word
+            here = recorded if _same_folder(Path(recorded), run_dir) else str(run_dir)
+            kept += ["--run-dir", here]
+            continue
         kept.append(word)
     return shlex.join(kept)
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def run_state(run_dir: Path) -> RunState:
@@ -171,7 +188,7 @@ def run_state(run_dir: Path) -> RunState:
         checkpoint_step=ckpt_step,
         updated=max([*mtimes, *([ckpt_mtime] if ckpt_mtime else [])], default=None),
         owner=owner,
-        command=resume_command(command) if command and status in ("interrupted", "failed") else None,
+        command=resume_command(command, run_dir) if command and status in ("interrupted", "failed") else None,
     )
 
 

@@ -106,11 +106,13 @@ def resolve_auto_accumulation(recipe_cls: type[Recipe[Any]], config: TrainConfig
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        raise UsageError(f"name a recipe: {', '.join(list_recipes())}; `trainlab train RECIPE --help` lists its flags")
+    if argv[0] in ("-h", "--help"):
         print("usage: trainlab train RECIPE [--config file.yaml] [--field value ...]")
         print(f"recipes: {', '.join(list_recipes())}")
         print("`trainlab train RECIPE --help` lists every field of that recipe's config.")
-        return 0 if argv else 2
+        return 0
     return train(argv[0], argv[1:], prog=f"trainlab train {argv[0]}")
 
 

@@ -131,9 +131,11 @@ def check_cpu_cores(cores: int, how: str, demand: LoaderDemand, device_type: str
     values = {"cores": cores, "wanted": wanted, "num_workers": demand.num_workers, "processes": demand.processes}
     if wanted > cores:
         fit = max(0, cores // demand.processes - 1)
-        return Check(
-            "cpu-cores", "WARN", detail, f"--num-workers {fit} (the processes take turns on the cores)", values=values
-        )
+        if fit < demand.num_workers:
+            fix = f"--num-workers {fit} (the processes take turns on the cores)"
+        else:  # no workers to take away: the processes alone are more than the cores
+            fix = f"--nproc-per-node {max(1, cores)} or fewer (one process per usable core at most)"
+        return Check("cpu-cores", "WARN", detail, fix, values=values)
     if demand.num_workers == 0 and device_type == "cuda" and cores >= 2 * demand.processes:
         suggest = min(8, cores // demand.processes - 1)
         return Check(

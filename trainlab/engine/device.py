@@ -7,6 +7,7 @@ available, else the CPU, and logs which; an explicit device that this machine do
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING
 
 from trainlab.errors import UsageError
@@ -17,6 +18,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEVICE_HELP = "auto (cuda when available, else cpu; logged), cpu, cuda, cuda:N or mps"
+TRAIN_DEVICES = "auto, cpu, cuda or cuda:N (training runs on CPUs and CUDA GPUs)"
+_DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def check_device_name(name: str, *, flag: str = "--device", training: bool = False) -> None:
+    """Refuse a --device value that names no device trainlab runs on, before torch is imported: the same rule for
+    every command (training: no mps; `cpu:1`, `cuda:-1`, `cuda:abc` nowhere).
+
+    Raises:
+        UsageError: one line naming the value and the choices.
+    """
+    if not _DEVICE_NAME.fullmatch(name) or (training and name == "mps"):
+        choices = TRAIN_DEVICES if training else "auto, cpu, cuda, cuda:N or mps"
+        raise UsageError(f"unknown {flag} {name!r}; use {choices}")
 
 
 def parse_device(name: str, *, flag: str = "--device") -> torch.device:
@@ -27,10 +42,8 @@ def parse_device(name: str, *, flag: str = "--device") -> torch.device:
     """
     import torch
 
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown {flag} {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    check_device_name(name, flag=flag)
+    return torch.device(name)
 
 
 def resolve_device(name: str, *, flag: str = "--device") -> torch.device:
@@ -56,9 +69,6 @@ def resolve_device(name: str, *, flag: str = "--device") -> torch.device:
             raise UsageError(f"{flag} {name}: CUDA is not available here; use {flag} cpu (or auto)")
         if device.index is not None and device.index >= count:
             raise UsageError(f"{flag} {name}: only {count} CUDA device(s) here (cuda:0..cuda:{count - 1})")
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise UsageError(f"{flag} {name}: MPS is not available here; use {flag} cpu (or auto)")
-    elif device.type != "cpu":
-        raise UsageError(f"unknown {flag} {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"{flag} {name}: MPS is not available here; use {flag} cpu (or auto)")
     return device

@@ -58,6 +58,7 @@ from torch.utils.data import Dataset
 
 from trainlab.config import FLOAT32_MAX, check_ranges, option
 from trainlab.data.loader_options import DEFAULT_PREFETCH_FACTOR, LoaderOptions, Switch, resolve_loader_options
+from trainlab.engine.device import check_device_name
 from trainlab.engine.ema import WeightAverage
 from trainlab.engine.precision_names import PrecisionName
 from trainlab.engine.schedule import ScheduleConfig
@@ -215,8 +216,7 @@ class TrainConfig:
 
         check_ranges(self)
         check_wandb_login(self.wandb)
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
-            raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
+        check_device_name(self.device, training=True)
         self.loader_options(None if self.device == "auto" else self.device.split(":")[0])
         self.optim.validate()
         self._check_optimizer_numbers()

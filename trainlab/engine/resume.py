@@ -367,6 +367,9 @@ def plan_relaunch(
             )
         return RelaunchPlan("overwrite")
     _check_run_dir_recipe(run_dir, recipe_name)
+    for where in (store.last, store.best):  # found now, not at the first save after minutes of training
+        if where.is_dir() and not where.is_symlink():
+            raise UsageError(f"{where} is a folder where the run keeps a checkpoint file; move it away, then relaunch")
     fields = tuple(recipe_fields)
 
     def usable(state: dict[str, Any], path: Path) -> None:

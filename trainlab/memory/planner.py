@@ -24,7 +24,7 @@ from typing import Any
 
 from trainlab.engine.recipe import Recipe
 from trainlab.engine.sampler import micro_batch_size
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, first_line
 from trainlab.memory.accumulation_fit import first_micro_batch_only, second_micro_batches_repeat_first
 from trainlab.memory.batch_fit import FittedRun, affine_through, fit_micro_batch, fit_quadratic
 from trainlab.memory.breakdown import Breakdown, breakdown
@@ -236,10 +236,18 @@ class _Tracer:
         repeat_last_step: bool = False,
     ) -> TracedRun:
         job = TraceJob(micro_batch, accumulation, precision, checkpointing, count_flops, repeat_last_step)
-        if self.workers is not None and self.workers.has(job):  # started ahead
-            run = self.workers.take(job)
-        else:
-            run = trace_job(self.recipe, self.device, job)
+        try:
+            if self.workers is not None and self.workers.has(job):  # started ahead
+                run = self.workers.take(job)
+            else:
+                run = trace_job(self.recipe, self.device, job)
+        except RuntimeError as err:  # sizes no tensor can have: bad input, not a bug of the tracer
+            if "overflow" not in str(err).lower():
+                raise
+            raise UsageError(
+                f"a micro-batch of {micro_batch} needs tensors larger than any device's address space "
+                f"({first_line(err)}); plan a smaller --batch-size"
+            ) from None
         self.traced += 1
         if run.flops is not None:
             self.flops[(micro_batch, accumulation)] = run.flops

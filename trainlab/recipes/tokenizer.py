@@ -217,6 +217,12 @@ class TokenizerConfig(TrainConfig):
         if former == (-1.0, -1.0):
             return
         betas = tuple(new if new >= 0 else old for new, old in zip(former, self.optim.betas, strict=False))
+        if self.optim.betas != _default_betas(type(self)) and betas != tuple(self.optim.betas):
+            raise UsageError(
+                f"--adam-beta1 / --adam-beta2 ask for betas {betas[0]:g} {betas[1]:g} but --optim.betas is "
+                f"{' '.join(f'{b:g}' for b in self.optim.betas)}; pass only --optim.betas (the former spellings go "
+                "in the next release)"
+            )
         log.warning(
             "--adam-beta1 / --adam-beta2 (adam_beta1 / adam_beta2) are the former spellings of --optim.betas "
             "(accepted until the next release); use --optim.betas %g %g",
@@ -570,3 +576,11 @@ class TokenizerRecipe(Recipe[TokenizerConfig]):
             perceptual_weights="",
             inception_weights="",
         )
+
+
+def _default_betas(config_class: type[TokenizerConfig]) -> tuple[float, ...]:
+    """The betas of the config's default optimizer group (what --optim.betas is when not given)."""
+    field = {f.name: f for f in dataclasses.fields(config_class)}["optim"]
+    optim = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[operator]
+    assert isinstance(optim, OptimConfig)
+    return tuple(optim.betas)
