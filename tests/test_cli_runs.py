@@ -189,3 +189,30 @@ def test_checkpoint_fields_refuse_damaged_and_foreign_files(tmp_path: Path) -> N
     with pytest.raises(UnreadableCheckpoint, match="has no place in a checkpoint"):
         read_fields(evil, ["step"])
     assert not marker.exists()
+
+
+def test_checkpoint_fields_read_in_bounded_memory(tmp_path: Path) -> None:
+    """A 180-byte file asking for bytearray(2**31), or a zip member that inflates to gigabytes: refused, not built."""
+    import zipfile
+
+    asks = b"\x80\x02}q\x00X\x04\x00\x00\x00stepq\x01c__builtin__\nbytearray\nJ\x00\x00\x00\x80\x85Rs."
+    with zipfile.ZipFile(tmp_path / "asks.pt", "w") as archive:
+        archive.writestr("x/data.pkl", asks)
+    with pytest.raises(UnreadableCheckpoint, match="bytearray from anything but its bytes"):
+        read_fields(tmp_path / "asks.pt", ["step"])
+    with zipfile.ZipFile(tmp_path / "bomb.pt", "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("x/data.pkl", b"\0" * (65 * 2**20))
+    with pytest.raises(UnreadableCheckpoint, match=r"data\.pkl is over 64 MiB"):
+        read_fields(tmp_path / "bomb.pt", ["step"])
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_lock_or_a_deeply_nested_metrics_line_never_stops_the_listing(
+    runs_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.mkfifo(runs_root / "done" / ".lock")  # no writer: a plain open() would block forever
+    with open(runs_root / "killed" / "metrics.jsonl", "a") as f:
+        f.write("[" * 100_000 + "\n")
+    assert main(["runs", str(runs_root)]) == 0
+    out = capsys.readouterr().out
+    assert "done " in out and "killed " in out

@@ -79,9 +79,19 @@ def test_load_user_file_refuses_code_and_damage_in_one_line(tmp_path: Path) -> N
             return (print, ("ran",))
 
     torch.save({"w": torch.zeros(1), "x": Payload()}, tmp_path / "evil.pt")
-    with pytest.raises(UsageError, match=r"evil\.pt \(it holds Python objects .* can run code\); fix it") as info:
+    with pytest.raises(
+        UsageError, match=r"evil\.pt \(it names Python code to run, .*: refused, never run\); fix"
+    ) as info:
         load_user_file(tmp_path / "evil.pt", "checkpoint", fix="fix it")
     assert "weights_only" not in str(info.value)  # the library's advice to turn the safety off is not repeated
+    (tmp_path / "noise.pt").write_bytes(bytes(range(256)) * 3)  # damaged, not malicious: no talk of code
+    with pytest.raises(UsageError, match=r"noise\.pt \(not a torch weights file \(damaged, or another format"):
+        load_user_file(tmp_path / "noise.pt", "checkpoint", fix="fix it")
+    from trainlab.engine.checkpoint import load_checkpoint
+
+    with pytest.raises(UsageError, match=r"could not be read \(it names Python code to run") as info:
+        load_checkpoint(tmp_path / "evil.pt")  # --resume reads through the same words
+    assert "weights_only" not in str(info.value)
     torch.save({"w": torch.zeros(3)}, tmp_path / "ok.pt")
     (tmp_path / "cut.pt").write_bytes((tmp_path / "ok.pt").read_bytes()[:100])
     with pytest.raises(UsageError, match=r"cannot read checkpoint .*cut\.pt \("):
@@ -102,6 +112,8 @@ def test_check_state_dict_names_the_first_problem() -> None:
         (lambda s: s.__setitem__("0.weight", torch.zeros(3, 2, dtype=torch.int32)), r"0\.weight holds integer"),
         (lambda s: s.__setitem__("1.num_batches_tracked", torch.tensor(1.0)), r"holds floating-point values"),
         (lambda s: s["1.running_var"].fill_(torch.inf), r"1\.running_var holds 0 NaN and 3 inf values"),
+        (lambda s: s.__setitem__("0.weight", torch.zeros(3, 2).to_sparse()), r"0\.weight is a torch\.sparse_coo"),
+        (lambda s: s.__setitem__("0.weight", torch.zeros(3, 2, device="meta")), r"0\.weight holds no values"),
     ]
     for mutate, pattern in cases:
         state = {k: v.clone() for k, v in good.items()}

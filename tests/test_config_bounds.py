@@ -353,6 +353,9 @@ def test_reported_settings_are_one_line_usage_errors_before_anything_runs(
         ("dropout: .nan\n", "--dropout must be a finite number in [0, 1), got nan"),
         ("schedule: {final_ratio: -.inf}\n", "--schedule.final-ratio must be a finite number >= 0, got -inf"),
         ("epochs: 1.0e+20\n", "--epochs must be >= 1 and fit a 64-bit integer"),
+        ("seed: " + "9" * 5000 + "\n", "holds a value no setting takes (an integer of thousands of digits)"),
+        ("seed: 1\nhidden: 8\nseed: 2\n", "is not valid YAML (the key 'seed' is written twice in one mapping)"),
+        ("schedule: {kind: cosine, kind: linear}\n", "(the key 'kind' is written twice in one mapping)"),
     ],
     ids=lambda x: x[:40] if isinstance(x, str) else x,
 )
@@ -365,6 +368,16 @@ def test_yaml_values_that_are_not_what_the_field_holds_are_one_line_errors(
         parse(ToyConfig, ["--config", str(path)], "t")
     message = str(info.value)
     assert expected in message and "\n" not in message and len(message) < 600, message
+
+
+def test_a_merged_key_may_be_overridden(tmp_path: Path) -> None:
+    """`<<: *base` then the same key: YAML's override, not a key written twice."""
+    path = tmp_path / "c.yaml"
+    path.write_text("schedule: &s {kind: cosine, final_ratio: 0.5}\noptim: {}\nhidden: 8\n")
+    assert parse(ToyConfig, ["--config", str(path)], "t").hidden == 8
+    from trainlab.config import _safe_load
+
+    assert _safe_load("a: &a {x: 1, y: 2}\nb: {<<: *a, y: 3}\n") == {"a": {"x": 1, "y": 2}, "b": {"x": 1, "y": 3}}
 
 
 def test_a_billion_laughs_value_is_refused_in_a_short_line(tmp_path: Path) -> None:

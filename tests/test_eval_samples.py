@@ -273,6 +273,19 @@ def test_bad_input_is_one_line_with_exit_code_2(
     _fails([*fid, "--reference", str(tmp_path / "small_mu.npz"), *with_weights], capsys, "not statistics of 2048")
     np.savez(tmp_path / "float.npz", np.zeros((4, SIDE, SIDE, 3), dtype=np.float32))
     _fails([*fid, "--reference", str(tmp_path / "float.npz"), *with_weights], capsys, "expected uint8")
+    np.savez(tmp_path / "neg.npz", arr_0=_images(4, seed=0), mu=np.zeros(2048), sigma=-np.eye(2048))
+    _fails([*fid, "--reference", str(tmp_path / "neg.npz"), *with_weights], capsys, "sigma has the eigenvalue -1")
+    skew = np.eye(2048)
+    skew[0, 1] = 0.5
+    np.savez(tmp_path / "skew.npz", arr_0=_images(4, seed=0), mu=np.zeros(2048), sigma=skew)
+    _fails([*fid, "--reference", str(tmp_path / "skew.npz"), *with_weights], capsys, "sigma is not symmetric")
+    state = torch.load(weights, weights_only=True)
+    first = next(k for k, v in state.items() if v.is_floating_point())
+    for name, value in (("nan", state[first].clone().fill_(float("nan"))), ("int", state[first].to(torch.int32))):
+        torch.save({**state, first: value}, tmp_path / f"inception_{name}.pth")
+        bad_weights = ["--inception-weights", str(tmp_path / f"inception_{name}.pth")]
+        expected = "NaN" if name == "nan" else "holds integer values"
+        _fails([*fid, "--reference", str(good), *bad_weights, "--feature-dims", "64"], capsys, expected)
 
     (tmp_path / "empty").mkdir()
     _fails(["eval", "fid", "--samples", str(tmp_path / "empty"), "--reference", str(good)], capsys, "no .png")

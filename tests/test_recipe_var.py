@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -243,7 +245,7 @@ def test_token_cache_round_trip_and_stale_fingerprints(tmp_path: Path) -> None:
     assert check_token_cache(tmp_path / "c", stale) == ("stale", ["tokenizer_sha256"])
     grown = dataclasses.replace(spec, dataset={"kind": "fake", "size": 25})
     assert check_token_cache(tmp_path / "c", grown) == ("stale", ["dataset.size"])
-    with pytest.raises(UsageError, match="different tokenizer_sha256"):
+    with pytest.raises(UsageError, match="it differs in: tokenizer_sha256"):
         ensure_token_cache(tmp_path / "c", stale, lambda: [data], other, on_stale="refuse", device=CPU)
     rebuilt = ensure_token_cache(tmp_path / "c", stale, lambda: [data], other, on_stale="rebuild", device=CPU)
     assert torch.equal(rebuilt.tokens(5), encode_batch(other, data.images_N3HW[5:6])[0])
@@ -515,3 +517,39 @@ def test_shipped_configs_parse_and_match_the_readme(depth: int) -> None:
 def test_every_shipped_var_config_is_covered() -> None:
     shipped = sorted(p.name for p in (REPO / "trainlab" / "configs").glob("var_d*.yaml"))
     assert shipped == [f"var_d{d}.yaml" for d in sorted(README_ROWS)]
+
+
+@pytest.mark.parametrize(
+    ("damage", "outcome"),
+    [
+        (lambda c: (c / "meta.json").write_text("[1, 2]"), "rebuilt"),
+        (lambda c: (c / "meta.json").write_text("[" * 100_000), "rebuilt"),
+        (lambda c: (c / "meta.json").write_text('{"fingerprint": [1, "a"]}'), "rebuilt"),
+        (lambda c: ((c / "tokens.npy").unlink(), (c / "tokens.npy").mkdir()), "tokens.npy.*not a regular file"),
+        (lambda c: ((c / "labels.npy").unlink(), os.mkfifo(c / "labels.npy")), "labels.npy.*not a regular file"),
+    ],
+)
+def test_a_damaged_token_cache_is_rebuilt_or_one_line_never_a_traceback_or_a_hang(
+    tmp_path: Path, damage: Callable[[Path], object], outcome: str
+) -> None:
+    """A meta.json that is not what a build writes counts as no cache (the folder holds only a cache's files, so it
+    is rebuilt); an array that is not a regular file is named (a FIFO is never opened)."""
+    from trainlab.data.errors import DataError
+
+    tokenizer = load_tokenizer("", "vqvae_debug", PATCH_NUMS, seed=0)
+    fake = open_split(DataConfig(kind="fake", fake_size=8), "train", VarResizeCrop(16), fake_classes=4)
+    assert fake is not None
+    spec = TokenCacheSpec(tokenizer_sha256(tokenizer), PATCH_NUMS, 30, 64, {"kind": "fake", "size": 8})
+
+    def ensure() -> object:
+        return ensure_token_cache(tmp_path / "c", spec, lambda: [fake.images], tokenizer, on_stale="refuse", device=CPU)
+
+    ensure()
+    damage(tmp_path / "c")
+    if outcome == "rebuilt":
+        assert check_token_cache(tmp_path / "c", spec) == ("missing", [])
+        ensure()
+        assert check_token_cache(tmp_path / "c", spec) == ("ok", [])
+    else:
+        with pytest.raises(DataError, match=outcome):
+            ensure()

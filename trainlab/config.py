@@ -43,7 +43,7 @@ from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, first_line
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -694,12 +694,39 @@ def resolve_config(name: str | Path) -> Path:
     )
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader, refusing a key written twice in one mapping (PyYAML keeps the last one silently: a
+    copy-paste slip would drop a setting without a word). Keys brought in by a merge (`<<: *base`) may be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[tuple[str, str]] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key_node.value!r} is written twice in one mapping", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _safe_load(text: str) -> Any:
+    """`yaml.safe_load(text)` through `_ConfigLoader`."""
+    loader = _ConfigLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file (a path, or a shipped config's name: see `resolve_config`) into a dict; a missing,
-    non-UTF-8 or malformed file, or one that is not a mapping, is a one-line UsageError naming the file."""
+    non-UTF-8 or malformed file (a key written twice, a number of thousands of digits), or one that is not a mapping,
+    is a one-line UsageError naming the file."""
     path = resolve_config(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = _safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as err:
         raise UsageError(
             f"config file {path} is not UTF-8 text (byte {err.start}); save it as UTF-8 YAML or pass another file"
@@ -714,6 +741,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
             f"config file {path} is nested too deeply to be a config (a config is a mapping of field: value, with "
             "one level per nested section); fix the file"
         ) from None
+    except ValueError as err:  # e.g. an integer of more digits than Python converts (4300): no setting takes one
+        what = "an integer of thousands of digits" if "integer string conversion" in str(err) else first_line(err)
+        raise UsageError(f"config file {path} holds a value no setting takes ({what}); fix the file") from None
     if not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of field: value")
     return data

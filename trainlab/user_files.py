@@ -53,11 +53,17 @@ def weights_needed() -> bool:
     return not _SHAPES_ONLY.get()
 
 
-def _reason(err: BaseException) -> str:
-    """Why a file could not be read, in a few words (the weights-only unpickler's own text advises turning the
-    safety off, which is not the fix: say what it refused instead)."""
-    if isinstance(err, pickle.UnpicklingError) and "weights only" in str(err).lower():
-        return "it holds Python objects other than tensors and plain containers, refused: loading them can run code"
+def load_error_reason(err: BaseException) -> str:
+    """Why a weights or checkpoint file could not be read, in a few words. The weights-only unpickler's own text
+    advises turning the safety off, which is never the fix: say what it refused instead, and tell a file that names
+    code (a GLOBAL the unpickler blocks) from one that is no pickle at all (damaged, or another format)."""
+    text = str(err)
+    if isinstance(err, pickle.UnpicklingError) and "weights only" in text.lower():
+        if "GLOBAL" in text or "Unsupported global" in text:
+            return "it names Python code to run, not only tensors and plain containers: refused, never run"
+        detail = text.split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
+        what = f": {detail[0].strip()}" if detail and "WeightsUnpickler error" in text else ""
+        return f"not a torch weights file (damaged, or another format{what})"
     return first_line(err)
 
 
@@ -95,7 +101,7 @@ def load_user_file(path: str | os.PathLike[str], what: str, *, fix: str) -> Any:
         except RuntimeError:  # legacy (non-zip) files cannot be memory-mapped: read them whole
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # any failure to read is about the user's file: one line
-        raise UsageError(f"cannot read {what} {path} ({_reason(err)}); {fix}") from None
+        raise UsageError(f"cannot read {what} {path} ({load_error_reason(err)}); {fix}") from None
 
 
 def _kind(dtype: torch.dtype) -> str:
@@ -123,7 +129,8 @@ def check_state_dict(
 ) -> None:
     """Refuse a state dict that does not fit `expected` (a model's `state_dict()`, possibly on the meta device).
 
-    Checked in this order, the first problem reported: keys (missing, then extra), shapes, dtype kinds, finiteness.
+    Checked in this order, the first problem reported: keys (missing, then extra), shapes, dense tensors with values
+    (no sparse or meta tensor), dtype kinds, finiteness.
 
     Args:
         found: the state dict read from the user's file.
@@ -159,6 +166,13 @@ def check_state_dict(
         raise UsageError(
             f"{source}: {k} has shape {_shape(found[k])} where the model has {_shape(expected[k])}"
             f"{_more(len(wrong))}; its shapes match no known configuration: pass weights of this model"
+        )
+    odd = [k for k in expected if found[k].layout != torch.strided or (found[k].is_meta and not is_fake(found[k]))]
+    if odd:
+        k = odd[0]
+        kind = "holds no values (a meta tensor)" if found[k].is_meta else f"is a {found[k].layout} tensor"
+        raise UsageError(
+            f"{source}: {k} {kind}, not dense weights: a damaged or edited file; pass the original weights"
         )
     for k, want in expected.items():
         have = found[k].dtype

@@ -162,9 +162,11 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     if not meta_path.is_file():
         return None
     try:
-        meta: dict[str, Any] = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or nested past the parser's depth
         return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("fingerprint"), dict):
+        return None  # JSON, but not what a finished build writes
     return meta
 
 
@@ -173,9 +175,13 @@ def check_token_cache(path: Path, spec: TokenCacheSpec) -> tuple[Literal["ok", "
     meta = read_meta(path)
     if meta is None:
         return "missing", []
-    diffs = _differences(spec.fingerprint(), meta.get("fingerprint", {}))
+    for name in (_TOKENS, _LABELS):
+        array = Path(path) / name
+        if array.exists() and not array.is_file():  # a folder or FIFO: never opened (a FIFO would block)
+            raise _damaged(array, "not a regular file")
+    diffs = _differences(spec.fingerprint(), meta["fingerprint"])
     if not diffs and not ((Path(path) / _TOKENS).is_file() and (Path(path) / _LABELS).is_file()):
-        diffs = ["files"]
+        diffs = [f"{_TOKENS} or {_LABELS} (missing)"]
     return ("stale", diffs) if diffs else ("ok", [])
 
 
@@ -460,7 +466,7 @@ def ensure_token_cache(
     if status == "stale":
         if on_stale == "refuse":
             raise UsageError(
-                f"token cache {path} was built from a different {', '.join(diffs)}; "
+                f"token cache {path} was built for something else (it differs in: {', '.join(diffs)}); "
                 "delete it, pass another --token-cache-path, or add --token-cache-rebuild"
             )
         log.warning("token cache %s is stale (%s differ): rebuilding it", path, ", ".join(diffs))

@@ -50,6 +50,7 @@ from torch.distributed.tensor import DTensor
 from trainlab.config import upgrade_keys
 from trainlab.engine import sharded_checkpoint as sharded
 from trainlab.errors import TrainingStopped, UsageError
+from trainlab.user_files import load_error_reason
 
 log = logging.getLogger(__name__)
 
@@ -288,8 +289,9 @@ def load_checkpoint(path: Path, *, mmap: bool = False, whole: bool = True) -> di
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:
-        first = (str(err).splitlines() or ["unreadable"])[0][:200]
-        raise UsageError(f"checkpoint {path} could not be read ({first}); pass a trainlab checkpoint") from None
+        raise UsageError(
+            f"checkpoint {path} could not be read ({load_error_reason(err)}); pass a trainlab checkpoint"
+        ) from None
     if not is_trainlab_checkpoint(state):
         raise UsageError(f"{path} is not a trainlab training checkpoint (no 'format' marker); pass ckpt/last.pt")
     version = state.get("version")

@@ -5,7 +5,8 @@ a storage record stored elsewhere in the archive. Listing runs (`trainlab runs`)
 top of each checkpoint, so it reads `data.pkl` alone with an unpickler that turns every torch object (tensor, dtype,
 storage) into an inert placeholder and never reads a storage: no torch import (seconds), no weights read (gigabytes
 for a large model), and nothing a file names is executed (the only classes built are `collections.OrderedDict`, a
-few builtin containers and the placeholder).
+few builtin containers and the placeholder). Its memory is bounded too: `data.pkl` is read up to `MAX_PICKLE_BYTES`
+(a zip member that inflates to gigabytes is refused) and no container is built from a size alone.
 """
 
 from __future__ import annotations
@@ -20,11 +21,24 @@ from typing import Any
 
 from trainlab.errors import first_line
 
+MAX_PICKLE_BYTES = 64 * 2**20  # a checkpoint's data.pkl holds fields and tensor references: kilobytes to megabytes
+
+
+def _bytearray(source: Any = b"", encoding: str = "latin-1") -> bytearray:
+    """`bytearray` as pickle protocols 2-4 rebuild one (from its bytes or their latin-1 text), never from a size: a
+    180-byte file asking for `bytearray(2**31)` would allocate 2 GiB."""
+    if isinstance(source, str):
+        return bytearray(source, encoding)
+    if isinstance(source, (bytes, bytearray)):
+        return bytearray(source)
+    raise pickle.UnpicklingError("bytearray from anything but its bytes has no place in a checkpoint")
+
+
 _BUILTINS = {
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
-    ("builtins", "bytearray"): bytearray,
+    ("builtins", "bytearray"): _bytearray,
     ("builtins", "complex"): complex,
     ("builtins", "slice"): slice,
 }
@@ -78,7 +92,12 @@ def read_fields(path: str | Path, keys: Iterable[str]) -> dict[str, Any]:
             names = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
             if not names:
                 raise UnreadableCheckpoint(f"{path}: no data.pkl in the archive (not a torch.save file)")
-            data = archive.read(names[0])
+            with archive.open(names[0]) as member:  # read at most the limit, whatever the header claims
+                data = member.read(MAX_PICKLE_BYTES + 1)
+            if len(data) > MAX_PICKLE_BYTES:
+                raise UnreadableCheckpoint(
+                    f"{path}: its data.pkl is over {MAX_PICKLE_BYTES // 2**20} MiB, more than any checkpoint's fields"
+                )
         obj = _FieldsUnpickler(io.BytesIO(data)).load()
     except (UnreadableCheckpoint, OSError):
         raise

@@ -218,14 +218,15 @@ class RunDir:
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested past the parser's depth
+                reason = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
                 if skip_damaged:
                     continue
                 if i == last_content:
-                    log.warning("%s: skipping truncated last line %d (%s)", self.metrics, i + 1, e.msg)
+                    log.warning("%s: skipping truncated last line %d (%s)", self.metrics, i + 1, reason)
                     continue
                 raise UsageError(
-                    f"{self.metrics} line {i + 1} is not valid JSON ({e.msg}); fix or delete that line"
+                    f"{self.metrics} line {i + 1} is not valid JSON ({reason}); fix or delete that line"
                 ) from None
             if not isinstance(row, dict) or not isinstance(row.get("kind"), str):
                 if skip_damaged:

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import IO
@@ -65,10 +66,14 @@ class RunDirLock:
 
 def lock_owner(run_dir: Path) -> str | None:
     """'pid P on HOST' when `run_dir`'s lock is held by a live process, else None (never creates the lock file)."""
-    try:
-        handle = open(run_dir / LOCK_NAME)  # noqa: SIM115 - closed below
+    try:  # without blocking, and only a regular file: a FIFO named .lock must not hang a listing
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # no trainer holds it: a trainer's lock is a regular file
+        os.close(fd)
+        return None
+    handle = os.fdopen(fd)
     with handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with a trainer's LOCK_EX
@@ -77,7 +82,7 @@ def lock_owner(run_dir: Path) -> str | None:
                 return None
             try:
                 info = json.loads(handle.read() or "{}")
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 info = {}
             if not isinstance(info, dict):
                 info = {}

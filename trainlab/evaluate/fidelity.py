@@ -275,6 +275,15 @@ def read_reference_mu_sigma(reference: ImageSet) -> tuple[np.ndarray, np.ndarray
         )
     if not (np.isfinite(mu_D).all() and np.isfinite(sigma_DD).all()):
         raise UsageError(f"--reference {reference.source}: mu or sigma holds NaN or inf; recompute the statistics")
+    scale = max(float(np.abs(sigma_DD).max()), 1e-300)
+    if not np.allclose(sigma_DD, sigma_DD.T, rtol=0.0, atol=1e-6 * scale):
+        raise UsageError(f"--reference {reference.source}: sigma is not symmetric, so no covariance; recompute it")
+    lowest = float(np.linalg.eigvalsh(sigma_DD)[0])
+    if lowest < -1e-6 * scale * dim:  # a covariance has no negative eigenvalue (beyond rounding)
+        raise UsageError(
+            f"--reference {reference.source}: sigma has the eigenvalue {lowest:.3g}, so it is no covariance (a "
+            "Fréchet distance from it could come out negative); recompute the statistics"
+        )
     return mu_D, sigma_DD
 
 

@@ -6,6 +6,7 @@ Nothing is downloaded: pass `pt_inception-2015-12-05` (torch-fidelity's file) by
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from trainlab.errors import UsageError
+from trainlab.user_files import check_state_dict, load_user_file
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +34,25 @@ def load_inception(path: Path, features: Sequence[str] = ("2048",)) -> nn.Module
         raise UsageError(
             "--inception-weights needs torch-fidelity: pip install 'trainlab[rfid]' (or drop the flag)"
         ) from None
-    try:  # torch-fidelity reloads the file with weights_only=False: check first that it is plain tensors
-        torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # any unpickling problem is the user's file
-        first = (str(err).splitlines() or ["unreadable"])[0][:160]
-        raise UsageError(f"--inception-weights {path} is not a plain state_dict ({first})") from None
-    try:
-        extractor = FeatureExtractorInceptionV3(
-            "inception-v3-compat", list(features), feature_extractor_weights_path=str(path)
-        )
-    except RuntimeError as err:
-        first = str(err).splitlines()[0][:160]
-        raise UsageError(f"--inception-weights {path} does not fit torch-fidelity's InceptionV3 ({first})") from None
+    fix = "pass a local pt_inception-2015-12-05 file"
+    state = load_user_file(path, "--inception-weights", fix=fix)  # read as data, never as code
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UsageError(f"--inception-weights {path} is not a plain state_dict of tensors; {fix}")
+    # torch-fidelity reads the weights from a path with weights_only=False: hand it our own copy of the tensors just
+    # checked, in a folder of ours, never the user's file again (which could be swapped between the two reads)
+    with tempfile.TemporaryDirectory(prefix="trainlab-inception-") as folder:
+        checked = Path(folder) / "weights.pth"
+        torch.save({k: v.contiguous() for k, v in state.items()}, checked)
+        try:
+            extractor = FeatureExtractorInceptionV3(
+                "inception-v3-compat", list(features), feature_extractor_weights_path=str(checked)
+            )
+        except RuntimeError as err:
+            first = str(err).splitlines()[0][:160]
+            raise UsageError(
+                f"--inception-weights {path} does not fit torch-fidelity's InceptionV3 ({first}); {fix}"
+            ) from None
+    check_state_dict(state, extractor.state_dict(), source=f"--inception-weights {path}")
     log.info("torch-fidelity InceptionV3 (%s) from %s", ", ".join(features), path)
     module: nn.Module = extractor
     return module
