@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import os
 import re
 import tempfile
 from collections.abc import Callable
@@ -462,3 +463,20 @@ def test_torch_fidelity_is_required_from_0_4() -> None:
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     pins = re.findall(r'"torch-fidelity([^"]*)"', text)
     assert len(pins) == 2 and all(pin == ">=0.4" for pin in pins), pins
+
+
+def test_a_file_that_is_not_there_says_what_is_there_instead(tmp_path: Path) -> None:
+    """A FIFO, a folder or a looping link named as a weights file is named for what it is, not "not found"."""
+    from trainlab.errors import missing_file
+
+    os.mkfifo(tmp_path / "fifo.pth")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+    assert missing_file(tmp_path / "fifo.pth") == "is a FIFO, not a regular file"
+    assert missing_file(tmp_path) == "is a folder, not a regular file"
+    assert missing_file(tmp_path / "a") == "is a symbolic link that loops"
+    assert missing_file(tmp_path / "broken") == "is a broken symbolic link"
+    assert missing_file(tmp_path / "nowhere") == "not found"
+    with pytest.raises(UsageError, match=r"fifo\.pth is a FIFO, not a regular file; fix it"):
+        load_user_file(tmp_path / "fifo.pth", "checkpoint", fix="fix it")  # refused without opening: no hang

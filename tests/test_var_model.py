@@ -245,7 +245,9 @@ def test_infer_config_patch_nums_from_lvl() -> None:
 @pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
 def test_export_round_trip_is_exact(tmp_path: Path, suffix: str) -> None:
     var = _debug_var(shared_adaln=suffix == ".safetensors")
+    (tmp_path / f"var{suffix}lbhcr48q.tmp").write_bytes(b"")  # what an export killed mid-write leaves
     path = export_official(var, tmp_path / f"var{suffix}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"var{suffix}"]
     if suffix == ".pth":  # a plain state_dict loadable with weights_only, like the released files
         raw = torch.load(path, map_location="cpu", weights_only=True)
         assert isinstance(raw, dict) and list(raw) == list(var.state_dict())

@@ -43,7 +43,7 @@ from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
-from trainlab.errors import UsageError, first_line
+from trainlab.errors import UsageError, first_line, missing_file
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -689,8 +689,8 @@ def resolve_config(name: str | Path) -> Path:
         return shipped
     names = list_configs()
     raise UsageError(
-        f"config file {path} not found and no shipped config is named {str(name)!r}{_did_you_mean(str(name), names)}; "
-        f"pass a YAML file or one of: {', '.join(names)}"
+        f"config file {path} {missing_file(path)} and no shipped config is named {str(name)!r}"
+        f"{_did_you_mean(str(name), names)}; pass a YAML file or one of: {', '.join(names)}"
     )
 
 

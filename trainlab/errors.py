@@ -10,7 +10,9 @@ cannot be written before any work starts).
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -44,6 +46,24 @@ def first_line(err: BaseException, limit: int = FIRST_LINE_LIMIT) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def missing_file(path: str | os.PathLike[str]) -> str:
+    """Why `path` is no file to read, in the words of a one-line error: "not found", or what is there instead (a
+    folder, a FIFO, a broken or looping symbolic link), so a user does not look for a file that exists."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        if path.is_symlink():
+            return "is a symbolic link that loops" if err.errno == errno.ELOOP else "is a broken symbolic link"
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link that loops"
+        return "not found" if err.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be read ({err.strerror})"
+    for check, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if check(mode):
+            return f"is {kind}, not a regular file"
+    return "is not a regular file (a device?)" if not stat.S_ISREG(mode) else "is a file"
 
 
 def check_output_path(flag: str, path: str | os.PathLike[str], *, is_dir: bool) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from trainlab.errors import UsageError, first_line
+from trainlab.errors import UsageError, first_line, missing_file
 
 SHARDED_INDEX = "trainlab.pt"
 """The index file inside a sharded trainlab checkpoint's folder (`engine.sharded_checkpoint.INDEX`): such a folder is
@@ -90,7 +90,7 @@ def load_user_file(path: str | os.PathLike[str], what: str, *, fix: str) -> Any:
     if path.is_dir():
         raise UsageError(f"{what} {path} is a directory, not a file; {fix}")
     if not path.is_file():
-        raise UsageError(f"{what} {path} not found; {fix}")
+        raise UsageError(f"{what} {path} {missing_file(path)}; {fix}")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 from trainlab.commands.sample import MAX_GUIDANCE
 from trainlab.config import option, parse
 from trainlab.engine.device import DEVICE_HELP
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, missing_file
 
 if TYPE_CHECKING:  # imported where used: parsing the flags (and refusing bad ones) loads neither
     import torch
@@ -106,7 +106,7 @@ class EditConfig:
             raise UsageError("--mode edit regenerates the masked region as a class: pass --class C")
         for flag, path in (("--image", self.image), ("--mask", self.mask)):
             if path is not None and not path.is_file():
-                raise UsageError(f"{flag} {path} not found; pass an existing image file")
+                raise UsageError(f"{flag} {path} {missing_file(path)}; pass an existing image file")
         _check_writable("--out", self.out, is_dir=False)
         if self.save_tokens is not None:
             _check_writable("--save-tokens", self.save_tokens, is_dir=False)

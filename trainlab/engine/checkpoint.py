@@ -49,7 +49,7 @@ from torch.distributed.tensor import DTensor
 
 from trainlab.config import upgrade_keys
 from trainlab.engine import sharded_checkpoint as sharded
-from trainlab.errors import TrainingStopped, UsageError
+from trainlab.errors import TrainingStopped, UsageError, missing_file
 from trainlab.user_files import load_error_reason
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,9 @@ def load_checkpoint(path: Path, *, mmap: bool = False, whole: bool = True) -> di
     """
     path = sharded.index_path(path)
     if not path.is_file():
-        raise UsageError(f"checkpoint {path} not found; pass an existing file (e.g. runs/<name>/ckpt/last.pt)")
+        raise UsageError(
+            f"checkpoint {path} {missing_file(path)}; pass an existing file (e.g. runs/<name>/ckpt/last.pt)"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:

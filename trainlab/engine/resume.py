@@ -51,7 +51,7 @@ from trainlab.engine.fsdp import full_state, load_model_state, load_optimizer_st
 from trainlab.engine.recipe import Phase, Recipe, TrainConfig
 from trainlab.engine.run_dir import RunDir
 from trainlab.engine.seeding import rng_state, set_rng_state
-from trainlab.errors import UsageError, first_line
+from trainlab.errors import UsageError, first_line, missing_file
 
 log = logging.getLogger(__name__)
 
@@ -379,8 +379,8 @@ def plan_relaunch(
         path = sharded.index_path(Path(resume))
         if not path.is_file():
             raise UsageError(
-                f"checkpoint {resume} not found; pass an existing file (or a sharded checkpoint's folder), or "
-                "--resume auto"
+                f"checkpoint {resume} {missing_file(path)}; pass an existing file (or a sharded checkpoint's folder), "
+                "or --resume auto"
             )
         state = load_checkpoint(path, whole=False)
         _check_recipe(state, path, recipe_name)

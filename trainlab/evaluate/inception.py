@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, missing_file
 from trainlab.user_files import check_state_dict, load_user_file
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def load_inception(path: Path, features: Sequence[str] = ("2048",)) -> nn.Module
         UsageError: missing file, torch-fidelity not installed, not a plain state_dict, or weights that do not fit.
     """
     if not path.is_file():
-        raise UsageError(f"--inception-weights {path} not found: pass a local pt_inception-2015-12-05 file")
+        raise UsageError(f"--inception-weights {path} {missing_file(path)}: pass a local pt_inception-2015-12-05 file")
     try:
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
     except ImportError:

@@ -8,6 +8,7 @@ with `weights_only=True`, infers both architectures from the key shapes and load
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import math
 import os
@@ -264,7 +265,8 @@ def load_official(
 
 def export_official(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     """Write `model.state_dict()` in the official format: a plain name -> tensor dict (.pth / .pt via `torch.save`)
-    or a .safetensors file. Tensors are written as they are (dtype kept), moved to CPU; the write is atomic.
+    or a .safetensors file. Tensors are written as they are (dtype kept), moved to CPU; the write is atomic, and the
+    temp file of an export killed mid-write (`<name>*.tmp` beside it) is removed by the next one.
 
     Raises:
         UsageError: an unsupported suffix.
@@ -274,6 +276,8 @@ def export_official(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         raise UsageError(f"export path {path} must end in .pth, .pt or .safetensors")
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f"{glob.escape(path.name)}*.tmp"):  # an export killed mid-write left it
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
