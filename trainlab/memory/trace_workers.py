@@ -116,6 +116,7 @@ def _forked_worker() -> None:
     are logged once, by the one job that says so (`TraceJob.logs_facts`)."""
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool ends its workers with SIGTERM: not the CLI's handler
 
 
 class _Recorded(logging.Handler):
