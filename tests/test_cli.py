@@ -194,6 +194,7 @@ def test_help_lists_literal_choices(capsys: pytest.CaptureFixture[str]) -> None:
         (["--device", "mps"], "unknown --device 'mps'; use auto, cpu, cuda or cuda:N"),
         (["--device", "cuda:-1"], "unknown --device 'cuda:-1'; use auto, cpu, cuda or cuda:N"),
         (["--device", "cpu:1"], "unknown --device 'cpu:1'"),
+        (["--device", "cuda:18446744073709551616"], "unknown --device 'cuda:18446744073709551616'"),
         (["--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1"),
         (["--optim.learning-rate", "-inf"], "--optim.learning-rate must be a finite number > 0 or -1, got -inf"),
         (["--optim.learning-rate", "-1e-3"], "--optim.learning-rate must be > 0 or -1, got -0.001"),

@@ -191,6 +191,12 @@ def test_checkpoint_fields_refuse_damaged_and_foreign_files(tmp_path: Path) -> N
     assert not marker.exists()
 
 
+def test_a_demo_stage_keeps_the_demo_command(tmp_path: Path) -> None:
+    """A demo stage records the demo's command, whose --run-dir is the folder of all its stages: never the stage's."""
+    command = f"trainlab demo --quick --run-dir {tmp_path / 'demo'}"
+    assert resume_command(command, tmp_path / "demo" / "var") == command
+
+
 def test_checkpoint_fields_read_in_bounded_memory(tmp_path: Path) -> None:
     """A 180-byte file asking for bytearray(2**31), or a zip member that inflates to gigabytes: refused, not built."""
     import zipfile
@@ -213,6 +219,8 @@ def test_a_fifo_lock_or_a_deeply_nested_metrics_line_never_stops_the_listing(
     os.mkfifo(runs_root / "done" / ".lock")  # no writer: a plain open() would block forever
     with open(runs_root / "killed" / "metrics.jsonl", "a") as f:
         f.write("[" * 100_000 + "\n")
+    with open(runs_root / "sigterm" / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": ' + "9" * 5000 + "}\n")  # over Python's 4300-digit int limit
     assert main(["runs", str(runs_root)]) == 0
     out = capsys.readouterr().out
-    assert "done " in out and "killed " in out
+    assert "done " in out and "killed " in out and "sigterm " in out

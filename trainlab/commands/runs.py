@@ -110,9 +110,12 @@ def resume_command(command: str, run_dir: Path | None = None) -> str:
     """The recorded command line without `--overwrite` (which would start over): relaunching it resumes the run.
 
     With `run_dir` (where the run was found), a recorded `--run-dir` that names another folder from here (the run was
-    moved, or recorded relative to another working directory) is replaced by it: the command resumes this run.
+    moved, or recorded relative to another working directory) is replaced by it: the command resumes this run. Not
+    in a `trainlab demo` command, whose `--run-dir` is the folder of all its stages.
     """
     words = shlex.split(command)
+    if "demo" in words[1:2]:  # `trainlab demo --run-dir D` names the demo's folder, its stages are D/<stage>
+        run_dir = None
     kept: list[str] = []
     skip_value = False
     for i, word in enumerate(words):

@@ -29,7 +29,8 @@ def check_device_name(name: str, *, flag: str = "--device", training: bool = Fal
     Raises:
         UsageError: one line naming the value and the choices.
     """
-    if not _DEVICE_NAME.fullmatch(name) or (training and name == "mps"):
+    index = name.partition(":")[2]
+    if not _DEVICE_NAME.fullmatch(name) or (training and name == "mps") or len(index) > 5:  # no machine has 10^5 GPUs
         choices = TRAIN_DEVICES if training else "auto, cpu, cuda, cuda:N or mps"
         raise UsageError(f"unknown {flag} {name!r}; use {choices}")
 

@@ -218,8 +218,14 @@ class RunDir:
                 continue
             try:
                 row = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested past the parser's depth
-                reason = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+            except (ValueError, RecursionError) as e:  # not JSON, nested past the parser's depth, a 5000-digit number
+                reason = (
+                    e.msg
+                    if isinstance(e, json.JSONDecodeError)
+                    else "nested too deeply"
+                    if isinstance(e, RecursionError)
+                    else "a number of thousands of digits"
+                )
                 if skip_damaged:
                     continue
                 if i == last_content:
