@@ -132,7 +132,7 @@ def test_reference_cache_is_reused_and_invalidated_by_other_weights_or_images(
     first = _fid(capsys, samples, reference, weights)
     again = _fid(capsys, samples, reference, weights)
     cache = tmp_path / "reference.fidelity-cache"
-    assert Path(first["cache_dir"]) == cache and len(list(cache.glob("*.pt"))) == 2
+    assert Path(first["cache_dir"]) == cache and len(list(cache.glob("*.npz"))) == 1
     assert (first["reference_cache"], again["reference_cache"]) == ("miss", "hit")
     assert again["reference_images_per_second"] is None and first["reference_images_per_second"] > 0
     assert (again["fid"], again["precision"], again["recall"]) == (first["fid"], first["precision"], first["recall"])
@@ -140,11 +140,35 @@ def test_reference_cache_is_reused_and_invalidated_by_other_weights_or_images(
     other_weights = _random_inception(tmp_path / "other.pth", seed=1)
     changed = _fid(capsys, samples, reference, other_weights)
     assert changed["reference_cache"] == "miss" and changed["fid"] != first["fid"]
-    assert len(list(cache.glob("*.pt"))) == 4
+    assert len(list(cache.glob("*.npz"))) == 2
 
     Image.fromarray(_images(1, seed=9)[0]).save(reference / "000003.png")  # same names, other content
     edited = _fid(capsys, samples, reference, weights)
     assert edited["reference_cache"] == "miss" and edited["fid"] != first["fid"]
+
+
+def test_the_reference_cache_is_read_as_data_and_a_damaged_entry_is_recomputed(
+    tmp_path: Path, weights: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch-fidelity's own cache unpickles its files: a file planted next to a shared reference would run code."""
+    reference = _write_folder(tmp_path / "reference", _images(6, seed=1))
+    samples = _write_folder(tmp_path / "samples", _images(6, seed=2))
+    first = _fid(capsys, samples, reference, weights)
+    cache = tmp_path / "reference.fidelity-cache"
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (Path.touch, (marker,))
+
+    (entry,) = cache.glob("*.npz")
+    for name in (entry.with_suffix(".pt").name, "features.pt", "stats.pkl"):  # what torch-fidelity's cache would load
+        torch.save({"features": Payload()}, cache / name)
+    entry.write_bytes(entry.read_bytes()[:100])  # cut by a kill or a full disk
+    again = _fid(capsys, samples, reference, weights)
+    assert not marker.exists()
+    assert again["reference_cache"] == "miss" and again["fid"] == first["fid"]
+    assert _fid(capsys, samples, reference, weights)["reference_cache"] == "hit"  # rewritten whole
 
 
 def test_npz_and_folder_inputs_give_the_same_numbers(

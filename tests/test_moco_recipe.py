@@ -147,3 +147,11 @@ def test_the_knn_monitor_is_refused_before_the_first_epoch(
         recipe.build_data(parts, torch.device("cpu"))
     ok = MocoRecipe(dataclasses.replace(recipe.config, data=dataclasses.replace(recipe.config.data, eval_limit=0)))
     assert len(ok.build_data(parts, torch.device("cpu"))) == 6  # the monitor off: nothing to refuse
+
+
+def test_the_knn_bound_names_the_commands_own_flag() -> None:
+    bank_MF, labels_M = torch.randn(3, 4), torch.tensor([0, 1, 0])
+    with pytest.raises(UsageError, match=r"bank size 3; lower --k$"):  # `eval knn` spells it --k
+        knn_predict(torch.randn(2, 4), bank_MF, labels_M, num_classes=2, k=5, k_flag="--k")
+    with pytest.raises(UsageError, match=r"bank size 3; lower --knn-k$"):
+        knn_predict(torch.randn(2, 4), bank_MF, labels_M, num_classes=2, k=5)

@@ -247,3 +247,22 @@ def test_report_of_a_bench_folder_updates_the_bench_report(tmp_path: Path, capsy
     os.remove(out / "runs" / "vgg_debug-fp16-seed0" / "metrics.jsonl")  # a run lost since: said, the rest reported
     assert main(["report", str(out)]) == 0
     assert "| fp16 |" not in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        ('"loss": 0.5', '"loss": 1' + "0" * 400),  # an int no float holds
+        ('"step": 5', '"step": NaN'),  # Python's json reads NaN
+        ('"step": 6', '"step": -1e300'),
+    ],
+)
+def test_numbers_no_run_writes_are_left_out_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: tuple[str, str]
+) -> None:
+    run = _run(tmp_path / "run")
+    text = (run / "metrics.jsonl").read_text()
+    assert damage[0] in text
+    (run / "metrics.jsonl").write_text(text.replace(damage[0], damage[1], 1))
+    assert main(["report", str(run), "--out-dir", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "results.md").is_file()

@@ -520,3 +520,22 @@ def test_sigterm_to_the_launcher_is_one_line_and_exit_0(
 )
 def test_launch_usage_errors_are_one_line(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert expected in _one_line(capsys, argv)
+
+
+def test_overwrite_never_deletes_a_file_the_run_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`eval linear-probe --moco-weights RUN/ckpt/last.pt --run-dir RUN --overwrite` would delete its own input."""
+    from trainlab.recipes.linear_probe import LinearProbeConfig
+
+    run = tmp_path / "run"
+    (run / "ckpt").mkdir(parents=True)
+    weights = run / "ckpt" / "last.pt"
+    weights.write_bytes(b"pretrained")
+    config = LinearProbeConfig(run_dir=run, overwrite=True, moco_weights=str(weights))
+    from trainlab.engine.resume import _refuse_deleting_inputs
+
+    with pytest.raises(UsageError, match=r"--overwrite would delete .*last\.pt, which --moco-weights reads"):
+        _refuse_deleting_inputs(config, run)
+    assert weights.read_bytes() == b"pretrained"
+    outside = tmp_path / "weights.pt"
+    outside.write_bytes(b"pretrained")
+    _refuse_deleting_inputs(LinearProbeConfig(run_dir=run, overwrite=True, moco_weights=str(outside)), run)

@@ -126,7 +126,9 @@ def _knn(argv: list[str]) -> int:
         model, source = load_backbone(c.moco_weights, c.model, side)
         model = model.to(device).eval()
         features = model.features
-    acc = knn_of_features(features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature)
+    acc = knn_of_features(
+        features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature, k_flag="--k"
+    )
     print(
         json.dumps(
             {

@@ -26,6 +26,7 @@ file is one line naming it, never a traceback from deep inside a load. The layou
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -365,6 +366,7 @@ def plan_relaunch(
                 f"--overwrite (start over, deleting the checkpoints in {run_dir}) contradicts --resume {resume} "
                 f"({what}): pass only one of them"
             )
+        _refuse_deleting_inputs(config, run_dir)
         return RelaunchPlan("overwrite")
     _check_run_dir_recipe(run_dir, recipe_name)
     for where in (store.last, store.best):  # found now, not at the first save after minutes of training
@@ -397,6 +399,32 @@ def plan_relaunch(
     _check_recipe(state, path, recipe_name)
     log.info("%s holds a checkpoint: resuming it (--overwrite starts over)", run_dir)
     return _resumable(state, path, config, fields)
+
+
+def _refuse_deleting_inputs(config: TrainConfig, run_dir: Path) -> None:
+    """`--overwrite` deletes the run directory's checkpoints and logs: refuse it when a setting reads a file among
+    them (`--moco-weights RUN_DIR/ckpt/last.pt` of the run being overwritten), which would be gone before it is read
+    again at the next relaunch.
+
+    Raises:
+        UsageError: naming the setting and the file.
+    """
+    try:
+        inside = run_dir.resolve()
+    except OSError:
+        return
+    for key, value in flatten(dataclasses.asdict(config)).items():
+        if key in ("run_dir", "resume") or not isinstance(value, (str, Path)) or not str(value):
+            continue
+        try:
+            path = Path(value).resolve()
+        except (OSError, ValueError):
+            continue
+        if path.is_file() and inside in path.parents:
+            raise UsageError(
+                f"--overwrite would delete {value}, which {_flag(key)} reads (it is inside {run_dir}); copy it out of "
+                "the run directory first, or pass a new --run-dir"
+            )
 
 
 def _resumable(state: dict[str, Any], path: Path, config: TrainConfig, fields: tuple[str, ...]) -> RelaunchPlan:

@@ -13,9 +13,11 @@ torch-fidelity computes everything here; this module only feeds it and keeps its
 - `feature_layer` "64" / "192" / "768" (pytorch-fid's `--dims`) swaps the pool features for an earlier layer's, for
   sets of fewer than 2048 images (whose 2048-d covariance is singular) and for quick checks: such numbers are not
   comparable with published FIDs.
-- caching: the reference's features and FID statistics are cached by torch-fidelity's own cache functions in a
-  folder next to the reference (`REF.fidelity-cache/`), under a key made of the SHA-256 of the reference images and
-  of the Inception weights file: other images or other weights never reuse a stale entry.
+- caching: the reference's features and FID statistics are cached in a folder next to the reference
+  (`REF.fidelity-cache/`), one `.npz` per key made of the SHA-256 of the reference images and of the Inception weights
+  file (other images or other weights never reuse a stale entry), read with `allow_pickle=False`: not torch-fidelity's
+  own cache, which unpickles its files (`torch.load(weights_only=False)`), so a file planted in that folder could run
+  code. A damaged entry is computed again, with a warning.
 
 An OpenAI-evaluator reference batch (e.g. VAR's `VIRTUAL_imagenet256_labeled.npz`) holds `arr_0` (the reference
 images), `arr_1` (labels), `mu`/`sigma` (pool-feature statistics of the evaluator's TF Inception) and
@@ -34,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -296,9 +299,9 @@ def _reference_features(
     batch_size: int,
     decode_workers: bool,
 ) -> tuple[torch.Tensor, dict[str, np.ndarray], float | None, str, Path]:
-    """Features (M, D) and FID statistics of the reference, from the cache next to it when there."""
-    from torch_fidelity.metric_fid import fid_featuresdict_to_statistics_cached
-    from torch_fidelity.utils import cache_lookup_group_recompute_all_on_any_miss
+    """Features (M, D) and FID statistics of the reference, from the cache next to it when there (module docstring:
+    an `.npz` read without pickle; a damaged entry is computed again)."""
+    from torch_fidelity.metric_fid import fid_features_to_statistics
 
     cache_dir = reference.source.parent / f"{reference.source.name}.fidelity-cache"
     try:
@@ -307,23 +310,40 @@ def _reference_features(
     except OSError as err:
         log.warning("cannot cache the reference statistics in %s (%s): computing them every time", cache_dir, err)
         cache = False
-    key = f"ref-{reference.fingerprint()[:16]}-weights-{weights_sha256[:16]}"
-    speeds: list[float] = []
-
-    def extract() -> dict[str, torch.Tensor]:
-        features, speed = inception_feature_layers(
-            reference, extractor, batch_size=batch_size, decode_workers=decode_workers
-        )
-        speeds.append(speed)
-        return features
-
-    cache_kwargs = {"cache": cache, "cache_root": str(cache_dir), "verbose": False}
     name = extractor.get_name()  # type: ignore[operator]
-    features = cache_lookup_group_recompute_all_on_any_miss(
-        f"{key}-{name}-features-", [feature_layer], extract, **cache_kwargs
-    )
-    stats = fid_featuresdict_to_statistics_cached(features, key, extractor, feature_layer, **cache_kwargs)
-    state = "off" if not cache else ("miss" if speeds else "hit")
-    if state == "hit":
+    key = f"ref-{reference.fingerprint()[:16]}-weights-{weights_sha256[:16]}"
+    entry = cache_dir / f"{key}-{name}-{feature_layer}.npz"
+    cached = _read_cache_entry(entry) if cache and entry.is_file() else None
+    if cached is not None:
         log.info("reference statistics from the cache %s (key %s)", cache_dir, key)
-    return features[feature_layer], stats, (speeds[0] if speeds else None), state, cache_dir
+        return torch.from_numpy(cached[0]), cached[1], None, "hit", cache_dir
+    layers, speed = inception_feature_layers(reference, extractor, batch_size=batch_size, decode_workers=decode_workers)
+    reference_MD = layers[feature_layer]
+    stats: dict[str, np.ndarray] = fid_features_to_statistics(reference_MD)
+    if cache:
+        _write_cache_entry(entry, reference_MD, stats)
+    return reference_MD, stats, speed, ("miss" if cache else "off"), cache_dir
+
+
+def _read_cache_entry(entry: Path) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+    """A cached reference's (features (M, D), {mu, sigma}), or None (with a warning) when the entry is damaged."""
+    try:
+        with np.load(entry, allow_pickle=False) as npz:
+            features_MD, mu_D, sigma_DD = npz["features"], npz["mu"], npz["sigma"]
+        dim = features_MD.shape[-1] if features_MD.ndim == 2 else -1
+        if dim < 1 or mu_D.shape != (dim,) or sigma_DD.shape != (dim, dim) or features_MD.dtype.kind != "f":
+            raise ValueError(f"features {features_MD.shape}, mu {mu_D.shape}, sigma {sigma_DD.shape}")
+    except Exception as err:  # whatever a cut or foreign file makes the reader raise: compute again
+        log.warning("cached reference statistics %s are damaged (%s): computing them again", entry, err)
+        return None
+    return features_MD, {"mu": mu_D, "sigma": sigma_DD}
+
+
+def _write_cache_entry(entry: Path, features_MD: torch.Tensor, stats: dict[str, np.ndarray]) -> None:
+    """Write a cache entry atomically (a killed write leaves no entry, only a temp file the next write replaces)."""
+    partial = entry.with_name(f".{entry.name}.partial.npz")
+    try:
+        np.savez(partial, features=features_MD.cpu().numpy(), mu=stats["mu"], sigma=stats["sigma"])
+        os.replace(partial, entry)
+    except OSError as err:
+        log.warning("cannot cache the reference statistics in %s (%s)", entry, err)

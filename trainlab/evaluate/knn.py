@@ -23,14 +23,15 @@ def knn_predict(
     k: int = 200,
     temperature: float = 0.1,
     chunk: int = 1024,
+    k_flag: str = "--knn-k",
 ) -> torch.Tensor:
-    """Predicted labels (N,) by weighted cosine kNN.
+    """Predicted labels (N,) by weighted cosine kNN (`k_flag`: how the command's user sets k, for the message).
 
     Raises:
         UsageError: `k` larger than the bank or not positive.
     """
     if not 0 < k <= bank_MF.shape[0]:
-        raise UsageError(f"kNN k={k} must be between 1 and the bank size {bank_MF.shape[0]}; lower --knn-k")
+        raise UsageError(f"kNN k={k} must be between 1 and the bank size {bank_MF.shape[0]}; lower {k_flag}")
     bank_MF = F.normalize(at_least_float32(bank_MF), dim=1)
     preds = []
     for start in range(0, query_NF.shape[0], chunk):
@@ -53,7 +54,10 @@ def knn_accuracy(
     num_classes: int,
     k: int = 200,
     temperature: float = 0.1,
+    k_flag: str = "--knn-k",
 ) -> float:
     """Top-1 accuracy of `knn_predict` on labelled queries."""
-    pred_N = knn_predict(query_NF, bank_MF, bank_labels_M, num_classes=num_classes, k=k, temperature=temperature)
+    pred_N = knn_predict(
+        query_NF, bank_MF, bank_labels_M, num_classes=num_classes, k=k, temperature=temperature, k_flag=k_flag
+    )
     return float((pred_N == query_labels_N.to(pred_N.device)).float().mean())

@@ -185,7 +185,14 @@ def check_knn_k(k: int, k_flag: str, kind: str | None, eval_limit: int) -> None:
 
 
 def knn_of_features(
-    features: Any, images: EvalImages, *, device: torch.device, batch_size: int, k: int, temperature: float
+    features: Any,
+    images: EvalImages,
+    *,
+    device: torch.device,
+    batch_size: int,
+    k: int,
+    temperature: float,
+    k_flag: str = "--knn-k",
 ) -> float:
     """kNN accuracy of the queries against the bank under the feature map `features`."""
     bank_NF = extract_features(features, images.bank_N3HW, batch_size=batch_size, device=device)
@@ -198,6 +205,7 @@ def knn_of_features(
         num_classes=images.num_classes,
         k=k,
         temperature=temperature,
+        k_flag=k_flag,
     )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,14 +43,22 @@ def latest_rows(rows: Iterable[dict[str, Any]], kind: str, x_key: str) -> list[d
     """Rows of one kind, one per `x_key` value (the last written wins), sorted by it."""
     by_x: dict[int, dict[str, Any]] = {}
     for row in rows:
-        if row.get("kind") == kind and isinstance(row.get(x_key), (int, float)):
+        if row.get("kind") == kind and _is_position(row.get(x_key)):
             by_x[int(row[x_key])] = row
     return [by_x[x] for x in sorted(by_x)]
 
 
+def _is_position(value: Any) -> bool:
+    """A step or epoch a damaged row cannot fake: a whole number in [0, 2**62] (not NaN, inf, -1e300 or a bool)."""
+    return is_number(value) and math.isfinite(value) and 0 <= value <= 2**62 and float(value).is_integer()
+
+
 def is_number(value: Any) -> bool:
-    """True for an int or float metric value (bools excluded; nan and inf included)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """True for an int or float metric value (bools excluded; nan and inf included; an int too large for a float,
+    which only a damaged file holds, excluded)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return not isinstance(value, int) or abs(value) <= 2**1023
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
