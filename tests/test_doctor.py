@@ -309,3 +309,12 @@ def test_cifar_layout(tmp_path: Path) -> None:
     (folder / "data_batch_1").write_bytes(b"x")
     checks = check_data(tmp_path, sample=0)
     assert [c.status for c in checks] == ["FAIL"] and "data_batch_2" in checks[0].detail
+
+
+def test_a_train_split_that_is_a_file_fails(tmp_path: Path) -> None:
+    """`trainlab train` refuses a data root whose train/ is a file: doctor must not pass it."""
+    (tmp_path / "train").write_text("not a folder")
+    (tmp_path / "val" / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "val" / "cat" / "0.png")
+    checks = {c.name: c for c in check_data(tmp_path, sample=0, threads=1)}
+    assert checks["data-train"].status == "FAIL" and "not found" in checks["data-train"].detail

@@ -329,6 +329,8 @@ def test_bad_input_is_one_line_with_exit_code_2(
     _fails(["eval", "judge", "--samples", str(out_of_range), *judge], capsys, "label 12 is outside")
     huge = _write_folder(tmp_path / "huge", _images(2, seed=0), labels=[1, 10**23])
     _fails(["eval", "judge", "--samples", str(huge), *judge], capsys, f"names class {10**23}, which no model has")
+    np.savez(tmp_path / "u64.npz", _images(2, seed=0), np.array([2**64 - 1, 1], dtype=np.uint64))
+    _fails(["eval", "judge", "--samples", str(tmp_path / "u64.npz"), *judge], capsys, f"the label {2**64 - 1}, which")
     small = _write_folder(tmp_path / "small", np.zeros((2, 8, 8, 3), dtype=np.uint8), labels=[1, 2])
     _fails(["eval", "judge", "--samples", str(small), *judge], capsys, "the judge takes 16x16")
     _fails(["eval", "nope"], capsys, "choose knn, linear-probe, fid or judge")

@@ -56,8 +56,9 @@ def decode_sample(index: FolderIndex, sample: int, threads: int) -> DecodeResult
 
 
 def splits_of(root: Path) -> list[tuple[str, Path]]:
-    """(name, folder) of the image splits under `root`: train/ and val/ when present, else `root` itself."""
-    found = [(name, root / name) for name in ("train", "val") if (root / name).is_dir()]
+    """(name, folder) of the image splits under `root`: train/ and val/ when present (a train/ or val/ that is not a
+    folder too: its scan then fails as the training's would), else `root` itself."""
+    found = [(name, root / name) for name in ("train", "val") if (root / name).exists()]
     return found or [(root.name or str(root), root)]
 
 

@@ -169,6 +169,8 @@ def _read_npz(path: Path, flag: str) -> ImageSet:
                 f"{flag} {path}: arr_1 is {labels_N.dtype} {labels_N.shape}, expected int class labels "
                 f"({array_NHW3.shape[0]},)"
             )
+        if labels_N.size and int(labels_N.max()) > _MAX_LABEL:  # before the cast, which would wrap 2**64-1 to -1
+            raise UsageError(f"{flag} {path}: arr_1 holds the label {int(labels_N.max())}, which no model has")
         labels_N = labels_N.astype(np.int64)
     return ImageSet(path, (), array_NHW3, tuple(array_NHW3.shape[1:]), labels_N)
 
