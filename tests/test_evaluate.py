@@ -264,6 +264,9 @@ def test_load_judge_rejects_missing_and_foreign_files(tmp_path: Path) -> None:
     garbage.write_bytes(b"not a safetensors file")
     with pytest.raises(UsageError, match="not a readable"):
         load_judge(garbage)
+    torch.save({"format": "trainlab-checkpoint"}, tmp_path / "last.pt")  # the judge run's checkpoint, not its export
+    with pytest.raises(UsageError, match=r"last\.pt is a torch checkpoint, not a judge's safetensors weights file"):
+        load_judge(tmp_path / "last.pt")
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ constructor arguments in its metadata (`save_judge` / `load_judge`).
 from __future__ import annotations
 
 import math
+import zipfile
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from trainlab.errors import UsageError, first_line
+from trainlab.errors import UsageError, first_line, missing_file
 from trainlab.models.registry import register_model
 from trainlab.user_files import check_state_dict
 
@@ -119,15 +120,17 @@ def load_judge(path: str | Path, *, device: str | torch.device = "cpu") -> Digit
             that is not a positive integer), or weights that do not fit it (keys, shapes, dtypes, NaN / inf).
     """
     path = Path(path)
-    fix = "re-save it with save_judge() (or run trainlab demo again)"
+    fix = "pass a judge's .safetensors file (RUN_DIR/judge.safetensors of `trainlab train judge`, or the demo's)"
     if not path.is_file():
-        raise UsageError(f"judge weights not found at {path}: train one with `trainlab train judge`")
+        raise UsageError(f"judge weights {path} {missing_file(path)}: train one with `trainlab train judge`")
+    if path.suffix != ".safetensors" and zipfile.is_zipfile(path):  # a torch.save file: a checkpoint, not the export
+        raise UsageError(f"{path} is a torch checkpoint, not a judge's safetensors weights file; {fix}")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
             state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise UsageError(f"{path} is not a readable safetensors file ({first_line(e)}): {fix}") from None
+        raise UsageError(f"{path} is not a readable safetensors file ({first_line(e)}); {fix}") from None
     if metadata.get("format") != _FORMAT or metadata.get("format_version") != _FORMAT_VERSION:
         raise UsageError(
             f"{path} is not a trainlab digit-judge file (v{_FORMAT_VERSION}): re-save it with save_judge()"
