@@ -318,3 +318,12 @@ def test_a_train_split_that_is_a_file_fails(tmp_path: Path) -> None:
     Image.new("RGB", (8, 8)).save(tmp_path / "val" / "cat" / "0.png")
     checks = {c.name: c for c in check_data(tmp_path, sample=0, threads=1)}
     assert checks["data-train"].status == "FAIL" and "not found" in checks["data-train"].detail
+
+
+def test_a_recipe_with_batchnorm_in_training_is_sized(tmp_path: Path) -> None:
+    """MoCo's projector has BatchNorm1d: a micro-batch of one has one value per channel, which it refuses."""
+    from trainlab.commands.doctor import plan_from_recipe
+
+    run = plan_from_recipe("moco", ["--config", "moco_v3_digits", "--device", "cpu", "--run-dir", str(tmp_path)], 1)
+    (note,) = [c for c in run.notes if c.name == "planned-run"]
+    assert note.status == "PASS" and run.checkpoint_bytes > 0, note

@@ -120,7 +120,9 @@ def checkpoint_bytes(recipe: Any) -> int:
     from trainlab.memory.trace import trace_training
 
     two_steps = run_length(2, epochs=1, max_steps=-1)  # the first step creates the optimizer states
-    traced = breakdown(trace_training(recipe, device="cpu", micro_batch=1, grad_accumulation=1, length=two_steps))
+    # micro-batch 2: the checkpoint's size does not depend on it, and BatchNorm in training refuses one value per
+    # channel (MoCo's projector on a micro-batch of 1)
+    traced = breakdown(trace_training(recipe, device="cpu", micro_batch=2, grad_accumulation=1, length=two_steps))
     return traced.parameters_bytes + traced.optimizer_states_bytes + traced.at_peak.get("buffer", 0)
 
 
