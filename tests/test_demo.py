@@ -99,3 +99,17 @@ def test_interrupted_stage_exits_130_with_a_resume_hint(
     assert code == 130
     assert "interrupted during tokenizer training at step 5" in err[-1] and "run `trainlab demo` again" in err[-1]
     assert not (tmp_path / "demo" / "report.json").exists()
+
+
+@pytest.mark.parametrize("slot", ["", "judge", "tokenizer", "var"])
+def test_a_folder_holding_another_run_is_refused_before_any_stage_trains(tmp_path: Path, slot: str) -> None:
+    from trainlab.demo.pipeline import run_demo
+    from trainlab.errors import UsageError
+
+    folder = tmp_path / "demo" / slot if slot else tmp_path / "demo"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("# recipe: moco\n# command: trainlab train moco\nseed: 0\n")
+    with pytest.raises(UsageError, match=r"holds a 'moco' run \(its config.yaml\).*pass another --run-dir") as info:
+        run_demo(DemoConfig(run_dir=tmp_path / "demo", quick=True))
+    assert "--overwrite" not in str(info.value)  # the demo has none
+    assert [p.name for p in (tmp_path / "demo").iterdir()] == [slot or "config.yaml"]  # nothing trained or written

@@ -35,7 +35,8 @@ from trainlab.configs import config_path
 from trainlab.data.digits import NUM_CLASSES, load_digits_dataset, split_halves
 from trainlab.demo import figures as demo_figures
 from trainlab.engine.loop import Trainer
-from trainlab.errors import check_output_path
+from trainlab.engine.run_dir import RunDir
+from trainlab.errors import UsageError, check_output_path
 from trainlab.evaluate.features import extract_features
 from trainlab.evaluate.frechet import fid_from_features
 from trainlab.evaluate.judge_accuracy import accuracy, predict
@@ -223,6 +224,29 @@ def _sample(var: VAR, vqvae: VQVAE, demo: DemoConfig, batch_size: int = 100) -> 
     return torch.cat(images), labels_N
 
 
+def _check_stage_folders(demo: DemoConfig) -> None:
+    """Before any stage trains: `--run-dir` is not another command's run, and each stage's folder holds nothing but
+    that stage's run (the demo has no --overwrite: the fix is another --run-dir, or deleting the folder).
+
+    Raises:
+        UsageError: naming the folder and what it holds.
+    """
+    top = RunDir(demo.run_dir).recipe()
+    if top is not None:
+        raise UsageError(
+            f"{demo.run_dir} holds a {top!r} run (its config.yaml): the demo keeps its stages in sub-folders of a "
+            "folder of its own; pass another --run-dir"
+        )
+    stages = (("judge", judge_config(demo).run_dir), ("tokenizer", tokenizer_config(demo).run_dir))
+    for recipe, folder in (*stages, ("var", demo.run_dir / "var")):
+        found = RunDir(folder).recipe()
+        if found is not None and found != recipe:
+            raise UsageError(
+                f"{folder} holds a {found!r} run (its config.yaml), not the demo's {recipe} stage; pass another "
+                "--run-dir (or delete that folder to start the stage over)"
+            )
+
+
 def run_demo(demo: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; returns the report (also written to run_dir/report.json and report.md)."""
     demo.validate()
@@ -232,6 +256,7 @@ def run_demo(demo: DemoConfig) -> dict[str, Any]:
     start = time.perf_counter()
     seconds: dict[str, float] = {}
     run_dir = demo.run_dir
+    _check_stage_folders(demo)
     run_dir.mkdir(parents=True, exist_ok=True)
     kind = "quick" if demo.quick else "full"
     log.info("demo: %s run in %s, %d torch threads", kind, run_dir, torch.get_num_threads())
