@@ -40,3 +40,20 @@ def test_wrong_flags_stop_with_one_line_before_anything_is_built(flags: list[str
     recipe = ["nosuch"] if needle == "unknown recipe" else ["cifar"]
     with pytest.raises(UsageError, match=needle):
         bench.main(["data", *recipe, *flags])
+
+
+def test_a_run_dir_in_use_or_of_another_recipe_is_left_alone(tmp_path: Path) -> None:
+    """A recipe's data may write into its run directory (VAR's token cache): never into a live run or another's."""
+    from trainlab.engine.run_lock import RunDirLock
+
+    argv = ["data", "cifar", "--data.kind", "fake", "--data.fake-size", "64", "--batch-size", "16", "--seconds", "0.1"]
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with RunDirLock(busy), pytest.raises(UsageError, match=r"busy is in use by pid \d+"):
+        bench.main([*argv, "--run-dir", str(busy)])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.yaml").write_text("# recipe: moco\nseed: 0\n")
+    with pytest.raises(UsageError, match=r"holds a 'moco' run; `bench data cifar` may write its data caches there"):
+        bench.main([*argv, "--run-dir", str(other)])
+    assert sorted(p.name for p in other.iterdir()) == ["config.yaml"]

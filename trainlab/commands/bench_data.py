@@ -101,6 +101,27 @@ def _measure(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any
     }
 
 
+def _run_beside_its_run_dir(name: str, options: DataBenchOptions, config: Any) -> dict[str, Any]:
+    """`run`, holding the run directory's lock where it exists: a recipe's data may write there (VAR's token cache),
+    so a run training in it, or another recipe's run, is refused as a second `trainlab train` would be."""
+    from pathlib import Path
+
+    from trainlab.engine.run_dir import RunDir
+    from trainlab.engine.run_lock import RunDirLock
+
+    run_dir = Path(config.run_dir)
+    if not run_dir.is_dir():
+        return run(name, options, config)
+    recorded = RunDir(run_dir).recipe()
+    if recorded is not None and recorded != name:
+        raise UsageError(
+            f"--run-dir {run_dir} holds a {recorded!r} run; `bench data {name}` may write its data caches there: pass "
+            "another --run-dir"
+        )
+    with RunDirLock(run_dir):
+        return run(name, options, config)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         raise UsageError(f"name a recipe: {', '.join(list_recipes())}; `trainlab bench data --help` for the flags")
@@ -119,7 +140,7 @@ def main(argv: list[str]) -> int:
         description=f"{__doc__.split(chr(10) + chr(10))[1]}\n\nbench flags:\n{flags_help(DataBenchOptions)}",
         usage=USAGE.removeprefix("usage: ").replace("RECIPE", name),
     )
-    result = run(name, options, config)
+    result = _run_beside_its_run_dir(name, options, config)
     if options.json:
         print(json.dumps(result, indent=2))
         return 0
