@@ -196,6 +196,16 @@ def test_group_runs_merges_seeds_only(runs: dict[str, list[Path]]) -> None:
     assert group_runs(dirs) == {"fp32": runs["fp32"], "bf16-amp": runs["bf16-amp"], "fp16": runs["fp16"]}
 
 
+def test_a_copy_of_a_run_is_no_other_seed(runs: dict[str, list[Path]], tmp_path: Path) -> None:
+    """Copies of one run (same config, same seed) were reported as seeds "0, 0, 0" with a std of 0."""
+    import shutil
+
+    copy = tmp_path / "copy-of-fp32"
+    shutil.copytree(runs["fp32"][0], copy)
+    dirs = [d for group in runs.values() for d in group]
+    assert group_runs([*dirs, copy]) == group_runs(dirs)
+
+
 def test_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="does not exist"):
         RunDir(tmp_path / "missing").read_metrics()

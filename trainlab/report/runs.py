@@ -268,7 +268,8 @@ def different_kinds(runs: Sequence[RunData]) -> str:
 def group_runs(run_dirs: Sequence[str | Path]) -> dict[str, list[Path]]:
     """Groups run directories that differ only in their seed, labelled by precision (plus model if ambiguous).
 
-    Runs are grouped by their config with seed and bookkeeping fields (run_dir, resume, logging options) removed.
+    Runs are grouped by their config with seed and bookkeeping fields (run_dir, resume, logging options) removed. A
+    run with the same config and seed as one already grouped (a copy) is left out with a warning: it is no other seed.
 
     Returns:
         label -> run directories, in first-seen order; suitable for `plot_comparison`.
@@ -292,11 +293,17 @@ def group_runs(run_dirs: Sequence[str | Path]) -> dict[str, list[Path]]:
     }
     keyed: dict[str, list[Path]] = {}
     info: dict[str, tuple[str, str | None]] = {}
+    seeds: dict[tuple[str, str], Path] = {}
     for run_dir in map(Path, run_dirs):
         config = RunDir(run_dir).read_config()
         run = load_run(run_dir)
         identity = {k: v for k, v in config.items() if k not in ignored} if config else {"dir": str(run_dir)}
         key = json.dumps(identity, sort_keys=True, default=str)
+        seed = json.dumps(config.get("seed") if config else None, default=str)
+        if (key, seed) in seeds:  # a copy of a run, not another seed: a mean +- std over copies says nothing
+            log.warning("%s repeats %s (same config, same seed): counted once", run_dir, seeds[(key, seed)])
+            continue
+        seeds[(key, seed)] = run_dir
         keyed.setdefault(key, []).append(run_dir)
         info.setdefault(key, (run.precision or run_dir.name, run.model))
     base_labels = [precision for precision, _ in info.values()]
