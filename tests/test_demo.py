@@ -113,3 +113,19 @@ def test_a_folder_holding_another_run_is_refused_before_any_stage_trains(tmp_pat
         run_demo(DemoConfig(run_dir=tmp_path / "demo", quick=True))
     assert "--overwrite" not in str(info.value)  # the demo has none
     assert [p.name for p in (tmp_path / "demo").iterdir()] == [slot or "config.yaml"]  # nothing trained or written
+
+
+def test_a_quick_demo_folder_is_refused_for_a_full_demo_before_anything_trains(tmp_path: Path) -> None:
+    """The stages' sizes differ: the engine's refusal (after training the judge) named flags the demo does not take."""
+    from trainlab.demo.pipeline import _was_quick, run_demo
+    from trainlab.errors import UsageError
+
+    stage = tmp_path / "demo" / "tokenizer"
+    stage.mkdir(parents=True)
+    (stage / "config.yaml").write_text(f"# recipe: tokenizer\n# command: trainlab demo --quick --run-dir {tmp_path}\n")
+    with pytest.raises(UsageError, match=r"holds a --quick demo's tokenizer stage and this is a full demo") as info:
+        run_demo(DemoConfig(run_dir=tmp_path / "demo", quick=False))
+    assert "--overwrite" not in str(info.value) and "--data.eval-limit" not in str(info.value)
+    assert [p.name for p in (tmp_path / "demo").iterdir()] == ["tokenizer"]
+    assert _was_quick(["trainlab", "demo", "--quick"]) and _was_quick(["trainlab", "demo", "--quick=true"])
+    assert not _was_quick(["trainlab", "demo", "--quick", "false"]) and not _was_quick(["trainlab", "demo"])

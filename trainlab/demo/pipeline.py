@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -224,6 +225,17 @@ def _sample(var: VAR, vqvae: VQVAE, demo: DemoConfig, batch_size: int = 100) -> 
     return torch.cat(images), labels_N
 
 
+def _was_quick(command: list[str]) -> bool:
+    """Whether a recorded `trainlab demo ...` command asked for --quick (`--quick`, `--quick true`, `--quick=1`)."""
+    for i, word in enumerate(command):
+        if word == "--quick":
+            following = command[i + 1].lower() if i + 1 < len(command) else ""
+            return following not in ("false", "0", "no", "off")
+        if word.startswith("--quick="):
+            return word.split("=", 1)[1].lower() not in ("false", "0", "no", "off")
+    return False
+
+
 def _check_stage_folders(demo: DemoConfig) -> None:
     """Before any stage trains: `--run-dir` is not another command's run, and each stage's folder holds nothing but
     that stage's run (the demo has no --overwrite: the fix is another --run-dir, or deleting the folder).
@@ -244,6 +256,13 @@ def _check_stage_folders(demo: DemoConfig) -> None:
             raise UsageError(
                 f"{folder} holds a {found!r} run (its config.yaml), not the demo's {recipe} stage; pass another "
                 "--run-dir (or delete that folder to start the stage over)"
+            )
+        recorded = shlex.split(RunDir(folder).header().get("command", "")) if found is not None else []
+        if recorded[1:2] == ["demo"] and _was_quick(recorded) != demo.quick:
+            made, asked = ("a --quick", "a full") if demo.quick is False else ("a full", "a --quick")
+            raise UsageError(
+                f"{folder} holds {made} demo's {recipe} stage and this is {asked} demo (other sizes and lengths); "
+                "pass another --run-dir"
             )
 
 
