@@ -230,12 +230,11 @@ def _run_command(name: str, rest: list[str]) -> int:
             print(f"trainlab {name}: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     except (MemoryError, RuntimeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         if _peer_lost(err):
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             return _fail(name, f"another process of the run is gone ({first}); see the launcher's message", 1)
         if not _out_of_memory(err):
             raise  # a bug: the traceback is what helps
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         return _fail(name, f"out of memory ({first}); lower the batch size or other sizes, or free memory", 2)
 
 

@@ -48,6 +48,9 @@ from trainlab.errors import UsageError, first_line, missing_file
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+TRUE_WORDS = ("1", "true", "yes", "on")  # how a boolean setting is spelled on the command line or in YAML
+FALSE_WORDS = ("0", "false", "no", "off")
+
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: every float setting ends up in float32 arithmetic somewhere."""
 FLOAT32_TINY = 1.1754943508222875e-38
@@ -291,9 +294,9 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             if isinstance(value, bool):
                 return value
             text = str(value).lower() if isinstance(value, (str, int)) else ""
-            if text in ("1", "true", "yes", "on"):
+            if text in TRUE_WORDS:
                 return True
-            if text in ("0", "false", "no", "off"):
+            if text in FALSE_WORDS:
                 return False
             raise UsageError(f"{where}: expected true/false, got {_shown(value)}")
         if tp in (int, float, str, Path):

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainlab.config import option, parse
+from trainlab.config import FALSE_WORDS, TRUE_WORDS, option, parse
 from trainlab.engine.checkpoint_fields import UnreadableCheckpoint, read_fields
 from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError
@@ -126,7 +126,7 @@ def resume_command(command: str, run_dir: Path | None = None) -> str:
             continue
         if word == "--overwrite":
             following = words[i + 1].lower() if i + 1 < len(words) else ""
-            skip_value = following in ("true", "false", "1", "0", "yes", "no", "on", "off")
+            skip_value = following in (*TRUE_WORDS, *FALSE_WORDS)
             continue
         if run_dir is not None and ((word == "--run-dir" and i + 1 < len(words)) or word.startswith("--run-dir=")):
             recorded = word.split("=", 1)[1] if "=" in word else words[i + 1]

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from trainlab.config import check_ranges, from_dict, load_yaml, option, to_dict
+from trainlab.config import FALSE_WORDS, check_ranges, from_dict, load_yaml, option, to_dict
 from trainlab.configs import config_path
 from trainlab.data.digits import NUM_CLASSES, load_digits_dataset, split_halves
 from trainlab.demo import figures as demo_figures
@@ -230,9 +230,9 @@ def _was_quick(command: list[str]) -> bool:
     for i, word in enumerate(command):
         if word == "--quick":
             following = command[i + 1].lower() if i + 1 < len(command) else ""
-            return following not in ("false", "0", "no", "off")
+            return following not in FALSE_WORDS
         if word.startswith("--quick="):
-            return word.split("=", 1)[1].lower() not in ("false", "0", "no", "off")
+            return word.split("=", 1)[1].lower() not in FALSE_WORDS
     return False
 
 

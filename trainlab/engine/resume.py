@@ -26,7 +26,6 @@ file is one line naming it, never a traceback from deep inside a load. The layou
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -413,7 +412,7 @@ def _refuse_deleting_inputs(config: TrainConfig, run_dir: Path) -> None:
         inside = run_dir.resolve()
     except OSError:
         return
-    for key, value in flatten(dataclasses.asdict(config)).items():
+    for key, value in flatten(to_dict(config)).items():
         if key in ("run_dir", "resume") or not isinstance(value, (str, Path)) or not str(value):
             continue
         try:
