@@ -55,6 +55,7 @@ PLAN_KEYS = (
     "fits",
     "max_micro_batch",
 )
+ROWS = ("usual", "largest", "next")  # the three stored plans of a case, in order
 MEASURE_STEPS = (2, 1)  # warm-up steps, timed steps: the peaks are read after the third optimizer step
 MIB = 2**20
 
@@ -63,7 +64,9 @@ def case_flags(case: str, work: Path, micro_batch: int, device: str = "cuda") ->
     """The recipe and its flags for one configuration of `case` (the same on both machines, but for paths)."""
     recipe, flags, _ = CASES[case]
     flags = [*flags, "--batch-size", str(micro_batch), "--grad-accumulation", "1", "--data.kind", "fake"]
-    flags += ["--data.fake-size", str(max(4 * micro_batch, 64)), "--device", device]
+    # one micro-batch of fake images per epoch (at least 256: MoCo's kNN monitor needs a bank of --knn-k 200): making
+    # them is the child's longest part at 224 pixels, and memory does not depend on how many there are
+    flags += ["--data.fake-size", str(max(micro_batch, 256)), "--device", device]
     if recipe == "var":
         flags += ["--tokenizer-weights", str(tokenizer_file(work)), "--use-token-cache", "false"]
     return recipe, flags
@@ -195,7 +198,12 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for path in args.predicted.split(","):  # later files replace earlier ones' cases
         predicted.update(json.loads(Path(path).read_text())["cases"])
     cases = [c for c in args.cases.split(",") if c in predicted]
-    jobs = [(case, plan) for case in cases for plan in predicted[case]["plans"]]
+    rows = args.rows.split(",")
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown:
+        raise SystemExit(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    # the stored plans are the usual micro-batch, the predicted largest and the next size, in that order
+    jobs = [(case, plan) for case in cases for row, plan in zip(ROWS, predicted[case]["plans"]) if row in rows]
     for case in cases:  # the tokenizer file first (the children read it)
         if CASES[case][0] == "var":
             tokenizer_file(work)
@@ -230,6 +238,7 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     parser.add_argument("--gpu", default="H100-80GB", help="predict: the GPU profile planned for")
     parser.add_argument("--predicted", default="", help="measure: the JSON files `predict` wrote (comma-separated)")
+    parser.add_argument("--rows", default=",".join(ROWS), help="measure: which stored plans of each case to run")
     parser.add_argument("--timeout", type=int, default=240, help="measure: seconds per configuration")
     parser.add_argument("--device", default="cuda", help="measure: cuda, or cpu to check the plumbing (no figures)")
     parser.add_argument("--work-dir", default="", help="tokenizer weights ('': a temporary folder)")

@@ -8,9 +8,12 @@
 # others. Run from the repository root; `pip install -e .` first, or run with the checkout on PYTHONPATH.
 # Settings (environment): STAGE_SECONDS (a stage's limit, 540), WORK (weights and runs), RESULTS_TGZ (also pack the
 # results there after each stage); debug: DEBUG_RECIPES, DEBUG_PRECISIONS, DEBUG_COMPILE, DEBUG_JOBS, DEBUG_TAG;
-# plan: PLAN_CASES, PREDICTED (comma list; default every results/plan_gpu_predicted_H100-80GB_*.json);
+# constants: CONSTANT_STEPS (comma list of bench_gpu_constants.py's steps; default all);
+# plan: PLAN_CASES, PLAN_ROWS (usual,largest,next), PREDICTED (comma list; default every
+# results/plan_gpu_predicted_H100-80GB_*.json); measure: MEASURE_CASES (var_d16,moco_vit_s,moco_r50), GPU_PROFILE
+# (the planner's profile of this GPU, H100-80GB), MEASURE_STEPS (timed steps, 20);
 # gpu_bench: GPU_BENCH_ARGS (e.g. "--section precision"); var_official: VAR_SECONDS, VAR_IMAGES, VAR_REPEATS,
-# VAR_VARIANTS.
+# VAR_VARIANTS, VAR_PRECISIONS (bf16-amp,fp16-amp-scale).
 set -u
 results=$(realpath -m "$1")
 shift
@@ -42,7 +45,8 @@ for s in "$@"; do
         stage env 60 bash -c "nvidia-smi; $py -c 'import torch, torchvision, timm; print(torch.__version__, torch.version.cuda, torchvision.__version__, timm.__version__, torch.cuda.get_device_name(0), torch.backends.cudnn.version())'; $py -m trainlab doctor"
         ;;
     constants)  # the CUDA context, cuBLAS / cuDNN workspaces, SDPA backends, NCCL buffers on this GPU
-        stage constants 240 "$py" benchmarks/bench_gpu_constants.py --json "$results/constants.json"
+        stage constants 240 "$py" benchmarks/bench_gpu_constants.py --json "$results/constants.json" \
+            ${CONSTANT_STEPS:+--steps "$CONSTANT_STEPS"}
         ;;
     debug)  # every recipe's --debug on cuda in every precision mode
         stage debug "$limit" "$py" benchmarks/bench_gpu_debug.py --jobs "${DEBUG_JOBS:-6}" --work-dir "$work/debug" \
@@ -54,7 +58,8 @@ for s in "$@"; do
         # every stored prediction, in name order (a later file's case replaces an earlier one's)
         predicted=${PREDICTED:-$(ls benchmarks/results/plan_gpu_predicted_H100-80GB_*.json | paste -sd, -)}
         stage plan "$limit" "$py" benchmarks/bench_plan_gpu.py measure --predicted "$predicted" \
-            --cases "${PLAN_CASES:-var_d16,moco_vit_s,moco_r50,cifar_r18}" --work-dir "$work/plan" \
+            --cases "${PLAN_CASES:-var_d16,moco_vit_s,moco_r50,cifar_r18}" --rows "${PLAN_ROWS:-usual,largest,next}" \
+            --work-dir "$work/plan" \
             --json "$results/plan.json"
         ;;
     gpu_bench)  # VAR-d16 train and sample images/s, the precision lab on ResNet-18
@@ -62,7 +67,7 @@ for s in "$@"; do
             ${GPU_BENCH_ARGS:-}
         ;;
     var_official)  # VAR-d16's step against the official algorithm, bf16 and fp16 autocast, same GPU and batch
-        for p in bf16-amp fp16-amp-scale; do
+        for p in $(echo "${VAR_PRECISIONS:-bf16-amp,fp16-amp-scale}" | tr , ' '); do
             stage "var_official_$p" "${VAR_SECONDS:-280}" "$py" benchmarks/bench_var.py --device cuda --precision "$p" \
                 --case train_d16 --tokenizer ch160 --batch-size 64 --train-images "${VAR_IMAGES:-640}" \
                 --repeats "${VAR_REPEATS:-2}" --variants "${VAR_VARIANTS:-official,command,cached,compiled}" \
@@ -70,14 +75,18 @@ for s in "$@"; do
         done
         ;;
     measure)  # trainlab plan --measure: the measured efficiency (MFU) per recipe family on this GPU
-        tokenizer
-        stage measure "$limit" bash -c "
-            $py -m trainlab plan var --config var_d16 --batch-size 96 --grad-accumulation 1 --data.kind fake \
-                --data.fake-size 4096 --tokenizer-weights $work/plan/tokenizer_ch160.pth --gpu H100-80GB --measure --json
-            $py -m trainlab plan moco --config moco_v3_vit_small --batch-size 128 --grad-accumulation 1 \
-                --data.kind fake --data.fake-size 8192 --gpu H100-80GB --measure --json
-            $py -m trainlab plan moco --config moco_v3_r50_100ep --batch-size 128 --grad-accumulation 1 \
-                --data.kind fake --data.fake-size 8192 --gpu H100-80GB --measure --json"
+        gpu=${GPU_PROFILE:-H100-80GB}
+        steps=${MEASURE_STEPS:-20}
+        for c in $(echo "${MEASURE_CASES:-var_d16,moco_vit_s,moco_r50}" | tr , ' '); do
+            case $c in
+            var_d16) flags="var --config var_d16 --batch-size 96 --data.fake-size 4096 --tokenizer-weights $(tokenizer)" ;;
+            moco_vit_s) flags="moco --config moco_v3_vit_small --batch-size 128 --data.fake-size 512" ;;
+            moco_r50) flags="moco --config moco_v3_r50_100ep --batch-size 128 --data.fake-size 512" ;;
+            *) echo "unknown measure case $c"; continue ;;
+            esac
+            stage "measure_$c" "$limit" "$py" -m trainlab plan $flags --grad-accumulation 1 --data.kind fake \
+                --gpu "$gpu" --measure --steps "$steps" --json
+        done
         ;;
     fsdp)  # VAR-d16 --fsdp on one GPU through trainlab launch (the code path); its peaks in the run's summary row
         # (the plan to compare with: `trainlab plan var` with the same flags and --gpus 1 --gpu H100-80GB --json)

@@ -53,16 +53,18 @@ def test_plan_gpu_measure_runs_each_configuration_in_its_own_process(
     tmp_path: Path, python: str, run_env: dict[str, str]
 ) -> None:
     # bench_plan_gpu.py's measuring side on the CPU (the plumbing; the figures need CUDA): two stored plans of CIFAR
-    # ResNet-18 at micro-batches 2 and 3, each run through --measure's code path in a fresh process
+    # ResNet-18 at micro-batches 2 and 3 (of the stored 2, 3, 4: --rows leaves the next size out), each run through
+    # --measure's code path in a fresh process
     plan = {"precision": "fp32", "peak_allocated_bytes": 1, "peak_reserved_bytes": 1, "overhead_bytes": 0}
     plan |= {"total_bytes": 1, "gpu_bytes": 2, "fits": True, "max_micro_batch": 3}
-    plans = [{**plan, "micro_batch": m} for m in (2, 3)]
+    plans = [{**plan, "micro_batch": m} for m in (2, 3, 4)]
     predicted = tmp_path / "predicted.json"
     predicted.write_text(json.dumps({"cases": {"cifar_r18": {"recipe": "cifar", "largest": 3, "plans": plans}}}))
     out = tmp_path / "measured.json"
     proc = subprocess.run(
         [python, str(BENCHMARKS / "bench_plan_gpu.py"), "measure", "--device", "cpu", "--cases", "cifar_r18",
-         "--predicted", str(predicted), "--work-dir", str(tmp_path / "work"), "--json", str(out)],
+         "--rows", "usual,largest", "--predicted", str(predicted), "--work-dir", str(tmp_path / "work"),
+         "--json", str(out)],
         env=run_env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

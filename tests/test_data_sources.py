@@ -231,3 +231,16 @@ def test_the_synthetic_bytes_are_fixed() -> None:
     digest = hashlib.sha256(train.images_N3SS.tobytes() + held_out.images_N3SS.tobytes()).hexdigest()
     assert train.labels_N.tolist() == [0, 2, 0, 1, 1, 2] and held_out.labels_N.tolist() == [1, 0]  # balanced, mixed
     assert digest == "134d80653300c93cb97e502ed19dfd981b3cbf27e3c2cbaa773fcb987edd144e"
+
+
+def test_the_synthetic_bytes_do_not_depend_on_the_chunk_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The images are made a few at a time: chunks of 1, 3 and all images give the same bytes (the noise stream is
+    drawn in the same order)."""
+    from trainlab.data import synthetic
+
+    made = []
+    for images_per_chunk in (1, 3, 1000):
+        monkeypatch.setattr(synthetic, "CHUNK_VALUES", images_per_chunk * 3 * 9 * 9)
+        train, held_out = synthetic.synthetic_splits(7, 5, image_size=9, num_classes=3)
+        made.append(train.images_N3SS.tobytes() + held_out.images_N3SS.tobytes() + train.labels_N.tobytes())
+    assert made[0] == made[1] == made[2]

@@ -25,12 +25,27 @@ def test_json_has_the_time_and_cost_keys(capsys: pytest.CaptureFixture[str]) -> 
     assert isinstance(out["flops_per_step"], int) and out["flops_per_step"] > 0
     assert out["flops_per_sample"] == round(out["flops_per_step"] / 32)
     assert out["efficiency_source"] == "assumed" and out["efficiency_assumed"] == 0.10  # small-convnet
+    assert out["efficiency_measured_on"] is None
     assert out["steps"] == 6400 // 32 * 1  # one epoch (the toy default)
     assert out["run_hours"] == pytest.approx(out["steps"] * out["step_seconds"] / 3600)
     assert out["gpu_hours"] == pytest.approx(out["run_hours"])
     assert out["cost_usd"] == pytest.approx(out["gpu_hours"] * 2.0) and out["price_source"] == "given"
     assert out["data_cores_needed"] is None  # no stored measurement
     assert "candidates" not in out
+
+
+def test_a_shipped_efficiency_is_named_with_its_three_digits(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainlab.memory import efficiency
+
+    monkeypatch.setitem(efficiency.SHIPPED, ("H100-80GB", "small-convnet"), (0.056, "a toy step on an H100"))
+    assert main(["plan", *TOY, "--gpu", "H100-80GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["efficiency_assumed"], out["efficiency_source"]) == (0.056, "measured")
+    assert out["efficiency_measured_on"] == "a toy step on an H100"
+    assert main(["plan", *TOY, "--gpu", "H100-80GB"]) == 0
+    assert "MFU 0.056 measured (small-convnet; measured by trainlab: a toy step on an H100)" in capsys.readouterr().out
 
 
 def test_gpus_needed_is_the_smallest_count_not_gpus_repeated(capsys: pytest.CaptureFixture[str]) -> None:

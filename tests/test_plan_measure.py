@@ -110,11 +110,15 @@ def test_the_efficiency_is_stored_only_for_a_known_gpu_peak(tmp_path: Path, monk
     assert "later estimates for GPU H100-80GB and family convnet use it" in line
     stored = efficiency_for("H100-80GB", "convnet")
     assert stored.source == "measured" and stored.value == pytest.approx(0.2)
-    assert efficiency_for("H100-80GB", "small-transformer").source == "assumed"
+    assert efficiency_for("A100-80GB", "small-transformer").source == "assumed"
     # a family measured for the project on that GPU: the shipped measurement, said so, until the user measures one
     shipped = efficiency_for("H100-80GB", "transformer")
     assert shipped.source == "measured" and shipped.value == 0.122 and "VAR-d16" in shipped.measured_on
     assert efficiency_for("H200", "transformer").value == 0.122  # the same chip's compute
+    # MoCo v3 ViT-S and ResNet-50 measured on an H200, shipped for both chips (the user's H100 convnet above wins)
+    vit, resnet = efficiency_for("H100-80GB", "small-transformer"), efficiency_for("H200", "convnet")
+    assert (vit.value, resnet.value) == (0.099, 0.056) and "ViT-S" in vit.measured_on
+    assert "ResNet-50" in resnet.measured_on and "H200" in resnet.measured_on
     assert efficiency_for("A100-80GB", "transformer").source == "assumed"
 
 

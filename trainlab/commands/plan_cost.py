@@ -44,6 +44,7 @@ def time_and_cost_json(result: Plan) -> dict[str, Any]:
                     "price_source",
                     "efficiency_assumed",
                     "efficiency_source",
+                    "efficiency_measured_on",
                     "data_cores_needed",
                 )
             }
@@ -89,7 +90,7 @@ def _usd(c: RunCost) -> str:
 def _efficiency(c: RunCost) -> str:
     e = c.efficiency
     where = f"; measured by trainlab: {e.measured_on}" if e.measured_on else ""
-    return f"MFU {e.value:.2f} {e.source} ({e.family}{where})"
+    return f"MFU {e.value:.3g} {e.source} ({e.family}{where})"
 
 
 def render_time_and_cost(result: Plan, config_flags: str) -> str:
@@ -156,7 +157,7 @@ def _table(result: Plan) -> list[str]:
         c = r.cost
         timing = (
             f"{c.step_seconds:>9.3f}{_hours(c.run_hours):>10}{_usd(c):>10}  "
-            f"{c.efficiency.value:.2f} {c.efficiency.source}"
+            f"{c.efficiency.value:.3g} {c.efficiency.source}"
             if c is not None
             else f"{'-':>9}{'-':>10}{'-':>10}  (no {result.compute} peak known)"
         )

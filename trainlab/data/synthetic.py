@@ -31,6 +31,7 @@ import numpy as np
 
 STRIPE_AMPLITUDE = 45.0
 NOISE_STD = 30.0
+CHUNK_VALUES = 2**22  # float64 values per chunk of images (32 MiB)
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,13 +70,22 @@ def _split(rng: np.random.Generator, num: int, side: int, palette_K3: np.ndarray
     yy_SS, xx_SS = np.mgrid[0:side, 0:side].astype(np.float64)
     angle_N = labels_N.astype(np.float64) * (math.pi / 2 / num_classes)
     phase_N = rng.uniform(0, 2 * math.pi, size=num)
-    coord_NSS = np.cos(angle_N)[:, None, None] * xx_SS[None] + np.sin(angle_N)[:, None, None] * yy_SS[None]
-    stripes_NSS = np.sin(2 * math.pi * coord_NSS / (side / 4) + phase_N[:, None, None])
     brightness_N = rng.uniform(-25, 25, size=num)
-    img_N3SS = (
-        palette_K3[labels_N][:, :, None, None]
-        + STRIPE_AMPLITUDE * stripes_NSS[:, None]
-        + brightness_N[:, None, None, None]
-        + rng.normal(0, NOISE_STD, size=(num, 3, side, side))
-    )
-    return SyntheticImages(np.clip(np.rint(img_N3SS), 0, 255).astype(np.uint8), labels_N)
+    img_N3SS = np.empty((num, 3, side, side), dtype=np.uint8)
+    # A few images at a time (float64 temporaries of about CHUNK_VALUES values): the noise of consecutive chunks is
+    # drawn from the stream in the same order as one draw of the whole (num, 3, S, S) array, so the bytes do not
+    # depend on the chunk size (tests/test_data_synthetic.py), and the temporaries stay in cache.
+    chunk = max(1, CHUNK_VALUES // (3 * side * side))
+    for start in range(0, num, chunk):
+        part = slice(start, min(start + chunk, num))
+        angle_n = angle_N[part]
+        coord_nSS = np.cos(angle_n)[:, None, None] * xx_SS[None] + np.sin(angle_n)[:, None, None] * yy_SS[None]
+        stripes_nSS = np.sin(2 * math.pi * coord_nSS / (side / 4) + phase_N[part, None, None])
+        pixels_n3SS = (
+            palette_K3[labels_N[part]][:, :, None, None]
+            + STRIPE_AMPLITUDE * stripes_nSS[:, None]
+            + brightness_N[part, None, None, None]
+            + rng.normal(0, NOISE_STD, size=(len(angle_n), 3, side, side))
+        )
+        img_N3SS[part] = np.clip(np.rint(pixels_n3SS), 0, 255)
+    return SyntheticImages(img_N3SS, labels_N)

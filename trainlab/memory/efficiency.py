@@ -5,7 +5,7 @@ ASSUMED values are documented guesses, not measurements; `trainlab plan RECIPE -
 efficiency it measured (keyed by the device's profile name and the recipe family) in the user's cache folder
 (`$TRAINLAB_CACHE`, else `$XDG_CACHE_HOME/trainlab`, else `~/.cache/trainlab`), and later estimates for that GPU and
 family use it and say so (`source == "measured"`). SHIPPED holds the efficiencies measured the same way for the
-project (benchmarks/README.md section 13d), the defaults for that GPU and family where the user measured none.
+project (benchmarks/README.md sections 13d and 13f), the defaults for that GPU and family where the user measured none.
 """
 
 from __future__ import annotations
@@ -37,9 +37,22 @@ _VAR_D16_H100 = (
     0.122,
     "VAR-d16, fp16-amp-scale, micro-batch 96, re-encoding every batch; H100 80GB HBM3, torch 2.11, 2026-11-24",
 )
+_MOCO_VIT_S_H200 = (
+    0.099,
+    "MoCo v3 ViT-S, fp16-amp-scale, micro-batch 128, 224 px, batches from the loader; H200, torch 2.11, 2026-11-28",
+)
+_MOCO_R50_H200 = (
+    0.056,
+    "MoCo v3 ResNet-50, fp16-amp-scale, micro-batch 128, 224 px, batches from the loader; H200, torch 2.11, 2026-11-28",
+)
+_SAME_CHIP = " (the {} has the {}'s compute)"
 SHIPPED: dict[tuple[str, str], tuple[float, str]] = {
     ("H100-80GB", "transformer"): _VAR_D16_H100,
-    ("H200", "transformer"): (_VAR_D16_H100[0], _VAR_D16_H100[1] + " (the H200 has the H100's compute)"),
+    ("H200", "transformer"): (_VAR_D16_H100[0], _VAR_D16_H100[1] + _SAME_CHIP.format("H200", "H100")),
+    ("H200", "small-transformer"): _MOCO_VIT_S_H200,
+    ("H100-80GB", "small-transformer"): (_MOCO_VIT_S_H200[0], _MOCO_VIT_S_H200[1] + _SAME_CHIP.format("H100", "H200")),
+    ("H200", "convnet"): _MOCO_R50_H200,
+    ("H100-80GB", "convnet"): (_MOCO_R50_H200[0], _MOCO_R50_H200[1] + _SAME_CHIP.format("H100", "H200")),
 }
 
 

@@ -67,7 +67,8 @@ _L40S = "https://www.nvidia.com/en-us/data-center/l40s/ (L40S data sheet)"
 _ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf (appendix, RTX 4090)"
 _V100 = "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
 
-# total_bytes: MiB as nvidia-smi / mem_get_info report them for each card (not measured here: no GPU on this machine).
+# total_bytes: mem_get_info's total where measured (H100-80GB, H200); elsewhere MiB as nvidia-smi reports them for
+# the card (not measured), which is a few hundred MiB more than a process can use.
 # Peaks: dense tensor-core TFLOP/s from the data sheets (their "with sparsity" figures halved); prices: examples.
 GPU_PROFILES: dict[str, GpuProfile] = {
     p.name: p
@@ -85,10 +86,13 @@ GPU_PROFILES: dict[str, GpuProfile] = {
             device_names=("H100 80GB HBM3", "H100 SXM"),
             source=_H100,
         ),
-        GpuProfile(
+        GpuProfile(  # total and context measured on an H200 (driver 580.159.04, torch 2.11), 2026-11-28
             "H200",
-            143_771 * MIB,
+            150_109_880_320,  # mem_get_info's total (143,155.9 MiB); nvidia-smi shows 143,771 MiB
             (9, 0),
+            context_bytes=619 * MIB,  # device memory in use after torch.cuda.init() and a first tensor, less reserved
+            nccl_bytes=564 * MIB,  # the H100's measurement (same NCCL 2.28.9, driver and torch); not measured here
+            measured=True,
             peak_tflops=_peaks(67.0, 494.7, 989.4),
             bandwidth_gb_per_s=4800,
             example_usd_per_hour=3.50,
