@@ -1,12 +1,18 @@
-"""SIGTERM to a real training process: it finishes the step, saves last.pt, exits cleanly, and resumes exactly."""
+"""SIGTERM / SIGHUP to a real training process: it finishes the step, saves last.pt, exits cleanly, and resumes
+exactly; SIGHUP is left alone where ignored (`nohup`), and a hung-up terminal does not stop the save."""
 
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from trainlab.engine.checkpoint import load_checkpoint
 
@@ -37,7 +43,19 @@ def _train_losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in rows if r["kind"] == "train"]
 
 
-def test_sigterm_saves_and_resumes(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
+def _wait_for_rows(metrics: Path, rows: int, drain: int | None = None) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < rows):
+        if drain is not None and select.select([drain], [], [], 0.05)[0]:
+            os.read(drain, 65536)  # a terminal's output is read, or its buffer fills and the run blocks
+        else:
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_saves_and_resumes(
+    tmp_path: Path, python: str, run_env: dict[str, str], stop_signal: signal.Signals
+) -> None:
     straight = tmp_path / "straight"
     subprocess.run(
         [python, "-m", "trainlab", *ARGS, "--run-dir", str(straight)],
@@ -55,14 +73,11 @@ def test_sigterm_saves_and_resumes(tmp_path: Path, python: str, run_env: dict[st
         stderr=subprocess.PIPE,
         text=True,
     )
-    metrics = run / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    _wait_for_rows(run / "metrics.jsonl", 3)
+    proc.send_signal(stop_signal)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
-    assert "SIGTERM received" in err and "run the same command again to resume" in err
+    assert f"{stop_signal.name} received" in err and "run the same command again to resume" in err
     state = load_checkpoint(run / "ckpt" / "last.pt")
     stopped_at = state["step"]
     assert 0 < stopped_at < 32
@@ -81,3 +96,43 @@ def test_sigterm_saves_and_resumes(tmp_path: Path, python: str, run_env: dict[st
     final_a = load_checkpoint(straight / "ckpt" / "last.pt")["models"]["model"]
     final_b = load_checkpoint(run / "ckpt" / "last.pt")["models"]["model"]
     assert all(final_a[k].equal(final_b[k]) for k in final_a)
+
+
+def test_sighup_is_left_alone_where_ignored(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
+    # nohup: the process starts with SIGHUP ignored, and training keeps it so
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--step-sleep-seconds", "0.05"],
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    _wait_for_rows(run / "metrics.jsonl", 3)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "SIGHUP" not in err
+    assert load_checkpoint(run / "ckpt" / "last.pt")["step"] == 32  # trained to the end
+
+
+def test_a_hung_up_terminal_still_saves(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
+    # the run's stdout and stderr are a terminal (its progress bar draws there); the terminal goes away, then SIGHUP
+    # arrives: the bar's next write would fail (EIO), so the streams are pointed at /dev/null and the step is saved
+    primary, secondary = pty.openpty()
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--step-sleep-seconds", "0.1"],
+        env=run_env,
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    _wait_for_rows(run / "metrics.jsonl", 3, drain=primary)
+    os.close(primary)  # the terminal hangs up: writes to it fail from now on
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=120) == 0
+    stopped_at = load_checkpoint(run / "ckpt" / "last.pt")["step"]
+    assert 3 <= stopped_at < 32

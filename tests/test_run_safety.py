@@ -489,24 +489,36 @@ def test_a_folder_at_last_pt_is_refused_before_training(tmp_path: Path, capsys: 
     assert (run / "metrics.jsonl").read_text() == rows  # nothing trained
 
 
-def test_sigterm_to_the_launcher_is_one_line_and_exit_0(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGQUIT"])
+def test_a_stop_signal_to_the_launcher_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
-    """torchrun passes the signal on to the workers (which save) and raises SignalException in the launcher."""
+    """torchrun passes the signal on to the workers and raises SignalException in the launcher: SIGTERM and SIGHUP
+    save (the workers' handler), SIGQUIT does not (its default action), and the line says which."""
     import signal
 
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    sigval = signal.Signals[name]
+
     def stopped(args: object) -> None:
-        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+        raise SignalException(f"Process 1 got signal: {int(sigval)}", sigval=sigval)
 
     monkeypatch.setattr(torchrun, "run", stopped)
-    assert main(["launch", "--nproc-per-node", "2", "train", "toy"]) == 0
+    code = main(["launch", "--nproc-per-node", "2", "train", "toy"])
     err = capsys.readouterr().err.strip().splitlines()
+    if name == "SIGQUIT":
+        assert code == 131
+        assert err == [
+            "trainlab launch: SIGQUIT received: passed on to the workers, which stop at once without saving (SIGTERM "
+            "saves); run the same command again to resume from the last checkpoint"
+        ]
+        return
+    assert code == 0
     assert err == [
-        "trainlab launch: SIGTERM received: passed on to the workers, which finish their step, save and stop; run the "
-        "same command again to resume"
+        f"trainlab launch: {name} received: passed on to the workers, which finish their step, save and stop; run "
+        "the same command again to resume"
     ]
 
 

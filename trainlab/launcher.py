@@ -157,10 +157,18 @@ def launch(launcher_args: Sequence[str], command: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 128 - failure.exitcode
-    except SignalException as err:  # SIGTERM / Ctrl-C to the launcher: torchrun has passed it on and waited
+    except SignalException as err:  # a stop signal to the launcher: torchrun has passed it on and waited
+        name = signal.Signals(err.sigval).name
+        if err.sigval == getattr(signal, "SIGQUIT", None):  # the workers' default action: no save
+            print(
+                f"trainlab launch: {name} received: passed on to the workers, which stop at once without saving "
+                "(SIGTERM saves); run the same command again to resume from the last checkpoint",
+                file=sys.stderr,
+            )
+            return 128 + err.sigval
         print(
-            f"trainlab launch: {signal.Signals(err.sigval).name} received: passed on to the workers, which finish "
-            "their step, save and stop; run the same command again to resume",
+            f"trainlab launch: {name} received: passed on to the workers, which finish their step, save and stop; "
+            "run the same command again to resume",
             file=sys.stderr,
         )
         return 0

@@ -1,8 +1,15 @@
-"""Graceful stop on SIGTERM / SIGINT: the handler only sets a flag; the loop finishes the step, saves, exits."""
+"""Graceful stop on SIGTERM / SIGINT / SIGHUP: the handler only sets a flag; the loop finishes the step, saves, exits.
+
+SIGHUP is what a closed terminal or a dropped SSH session sends: it stops the run like SIGTERM (the step since the
+last checkpoint is not lost), unless the process ignores it (`nohup` sets that, and it is kept). The terminal is gone
+by then, so the standard streams that were a terminal are pointed at /dev/null first: a progress bar's next write
+would otherwise fail (EIO) before the checkpoint is written.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -11,31 +18,71 @@ from types import FrameType
 
 log = logging.getLogger(__name__)
 
+STANDARD_STREAMS = (1, 2)  # stdout, stderr
+
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT. A second SIGINT restores the default handler's behaviour (KeyboardInterrupt)."""
+    """Set by SIGTERM / SIGINT / SIGHUP. A second SIGINT restores the default handler's behaviour
+    (KeyboardInterrupt)."""
 
-    def __init__(self) -> None:
+    def __init__(self, terminal_fds: tuple[int, ...] = ()) -> None:
         self.requested = False
         self.signal_name = ""
+        self._terminal_fds = terminal_fds  # the standard streams that were a terminal when training began
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        first = not self.requested
         self.requested = True
-        self.signal_name = name
-        log.warning("%s received: finishing the current step, saving a checkpoint, then exiting", name)
+        self.signal_name = self.signal_name or name
+        if first:
+            log.warning("%s received: finishing the current step, saving a checkpoint, then exiting", name)
+        if signum == getattr(signal, "SIGHUP", None):
+            detach_terminal(self._terminal_fds)
+
+
+def detach_terminal(fds: tuple[int, ...]) -> None:
+    """Point `fds` at /dev/null (their terminal hung up: writes to it fail with EIO)."""
+    if not fds:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def stop_signals() -> list[signal.Signals]:
+    """SIGTERM and SIGINT, and SIGHUP where the platform has it and the process does not ignore it (`nohup`)."""
+    wanted = [signal.SIGTERM, signal.SIGINT]
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is not None and signal.getsignal(hangup) is not signal.SIG_IGN:
+        wanted.append(hangup)
+    return wanted
+
+
+def _terminal_fds() -> tuple[int, ...]:
+    fds = []
+    for fd in STANDARD_STREAMS:
+        try:
+            if os.isatty(fd):
+                fds.append(fd)
+        except OSError:
+            pass
+    return tuple(fds)
 
 
 @contextmanager
 def graceful_stop() -> Iterator[StopFlag]:
-    """Install SIGTERM/SIGINT handlers for the duration of training (main thread only; elsewhere a no-op)."""
-    flag = StopFlag()
+    """Install the stop handlers for the duration of training (main thread only; elsewhere a no-op)."""
     if threading.current_thread() is not threading.main_thread():
-        yield flag
+        yield StopFlag()
         return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    flag = StopFlag(_terminal_fds())
+    previous = {s: signal.getsignal(s) for s in stop_signals()}
     for s in previous:
         signal.signal(s, flag._handle)
     try:
