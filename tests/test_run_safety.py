@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -551,3 +552,39 @@ def test_overwrite_never_deletes_a_file_the_run_reads(tmp_path: Path, capsys: py
     outside = tmp_path / "weights.pt"
     outside.write_bytes(b"pretrained")
     _refuse_deleting_inputs(LinearProbeConfig(run_dir=run, overwrite=True, moco_weights=str(outside)), run)
+
+
+def test_a_missing_folder_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file whose folder is gone (a run directory removed or moved mid-run) names the outermost missing folder."""
+    gone = tmp_path / "run"
+    _fake_command(monkeypatch, FileNotFoundError(errno.ENOENT, "No such file or directory", str(gone / "tb" / "ev")))
+    line = _one_line(capsys, ["sample"])
+    assert line.endswith(
+        f"No such file or directory: {gone}/tb/ev; the folder {gone} does not exist (removed or moved while the "
+        "command ran?): check the path"
+    )
+    _fake_command(monkeypatch, FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "x.pt")))
+    assert _one_line(capsys, ["sample"]).endswith("no such file or folder: check the path")  # its folder exists
+
+
+def test_a_run_directory_removed_mid_run_is_named(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
+    """Its next save stops the run in one line, rather than writing a checkpoint into a new folder of that name."""
+    run = tmp_path / "run"
+    argv = [python, "-m", "trainlab", "train", "toy", "--num-samples", "256", "--batch-size", "16", "--epochs", "2"]
+    proc = subprocess.Popen(
+        [*argv, "--step-sleep-seconds", "0.1", "--device", "cpu", "--run-dir", str(run)],
+        env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "metrics.jsonl").exists():
+        time.sleep(0.05)
+    shutil.rmtree(run)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert err.strip().splitlines()[-1] == (
+        f"trainlab train: error: the run directory {run} was removed or moved while the run trained (its .lock is not "
+        "there any more): step 16 is not saved; the checkpoints saved before went with the folder"
+    )
+    assert not (run / "ckpt").exists()  # no new, partial run directory with a checkpoint in it

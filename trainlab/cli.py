@@ -112,7 +112,24 @@ def describe_os_error(err: OSError) -> str:
         if err.filename2 is not None:
             where += f" -> {os.fsdecode(err.filename2)}"
     fix = _OS_ERROR_FIX.get(err.errno or -1, "check the path, its permissions and the free disk space")
+    if err.errno == errno.ENOENT and err.filename is not None:
+        missing = _missing_folder(os.fsdecode(err.filename))
+        if missing is not None:  # e.g. the run directory, removed or moved under a running command
+            fix = f"the folder {missing} does not exist (removed or moved while the command ran?): check the path"
     return f"{reason}{where}; {fix}"
+
+
+def _missing_folder(path: str) -> str | None:
+    """The outermost missing folder above `path` (None where its parent folder exists)."""
+    missing = None
+    folder = os.path.dirname(os.path.abspath(path))
+    while folder and not os.path.isdir(folder):
+        missing = folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
 
 
 # What torch's CPU allocator raises (a plain RuntimeError) when the host cannot give it memory.

@@ -317,6 +317,12 @@ class Trainer:
                 f"training diverged: at step {self.progress.step} {len(bad) or 'some'} weight / buffer tensor(s) hold "
                 f"NaN or inf (first: {first}); the last finite checkpoint is kept: lower the learning rate and resume"
             )
+        gone = self._lock is not None and not self._lock.in_place()
+        if dist.any_rank(gone, self.device):  # a save there now would make a new, partial run directory
+            raise UsageError(
+                f"the run directory {self.run_dir} was removed or moved while the run trained (its .lock is not there "
+                f"any more): step {self.progress.step} is not saved; the checkpoints saved before went with the folder"
+            )
         if not self._saves:
             return
         state = training_state(self.recipe, self.run, self.progress, self.dataset_size, whole=not self.writer.sharded)

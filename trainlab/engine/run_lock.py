@@ -49,6 +49,16 @@ class RunDirLock:
         handle.flush()
         self._file = handle
 
+    def in_place(self) -> bool:
+        """Whether the locked file is still at `path` (False: the run directory, or the lock, was removed or moved)."""
+        if self._file is None:
+            return True
+        try:
+            here, held = os.stat(self.path), os.fstat(self._file.fileno())
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
     def release(self) -> None:
         """Free the lock (idempotent)."""
         if self._file is not None:
