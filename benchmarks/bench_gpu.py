@@ -13,7 +13,8 @@ Sections (every one a real `trainlab` command in a subprocess; the numbers come 
               of the 50,000-image FID job in steady state, from the `tokens` and `decode` phases of two runs of
               different length (the difference removes the first batch's warm-up).
   precision   `trainlab bench precision --model cifar_resnet18 --data.kind fake --data.fake-size N` (the CIFAR-10 lab
-              on synthetic data), all eight modes: its results.csv (images/s, peak memory, final loss per mode).
+              on synthetic data), all eight modes or --precision-modes: its results.csv (images/s, peak memory, final
+              loss per mode).
 
 Weights are random-init official-architecture files written into the work folder (speed does not depend on the
 values): the ch=160 VQVAE in the `vae_ch160v4096z32.pth` layout (bench_var.py's) and a VAR of --depth in the official
@@ -160,6 +161,8 @@ def precision_lab(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "--epochs", args.precision_epochs, "--batch-size", args.precision_batch_size, "--device", args.device,
         "--num-workers", args.num_workers, "--num-seeds", 1, "--run-dir", out_dir,
     )  # fmt: skip
+    if args.precision_modes:  # each mode is a process of about 20 s on a GPU (start, files, autotuning, evaluation)
+        argv += ["--modes", *args.precision_modes.split(",")]
     run(argv, "precision")
     with (out_dir / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -196,6 +199,7 @@ def main() -> None:
     parser.add_argument("--precision-images", type=int, default=25_000)
     parser.add_argument("--precision-epochs", type=int, default=3)
     parser.add_argument("--precision-batch-size", type=int, default=128)
+    parser.add_argument("--precision-modes", default="", help="comma-separated (default: all eight)")
     parser.add_argument("--num-workers", type=int, default=8)
     parser.add_argument("--work-dir", default="", help="keep weights and runs here (default: a temporary folder)")
     parser.add_argument("--json", default="auto", help="result file ('auto': results/gpu_<...>.json)")

@@ -60,8 +60,11 @@ MEASURE_STEPS = (2, 1)  # warm-up steps, timed steps: the peaks are read after t
 MIB = 2**20
 
 
-def case_flags(case: str, work: Path, micro_batch: int, device: str = "cuda") -> tuple[str, list[str]]:
-    """The recipe and its flags for one configuration of `case` (the same on both machines, but for paths)."""
+def case_flags(
+    case: str, work: Path, micro_batch: int, device: str = "cuda", extra: str = ""
+) -> tuple[str, list[str]]:
+    """The recipe and its flags for one configuration of `case` (the same on both machines, but for paths), with the
+    `extra` flags (`--flags`, e.g. "--deterministic true") last."""
     recipe, flags, _ = CASES[case]
     flags = [*flags, "--batch-size", str(micro_batch), "--grad-accumulation", "1", "--data.kind", "fake"]
     # one micro-batch of fake images per epoch (at least 256: MoCo's kNN monitor needs a bank of --knn-k 200): making
@@ -69,7 +72,7 @@ def case_flags(case: str, work: Path, micro_batch: int, device: str = "cuda") ->
     flags += ["--data.fake-size", str(max(micro_batch, 256)), "--device", device]
     if recipe == "var":
         flags += ["--tokenizer-weights", str(tokenizer_file(work)), "--use-token-cache", "false"]
-    return recipe, flags
+    return recipe, flags + shlex.split(extra)
 
 
 def tokenizer_file(work: Path) -> Path:
@@ -100,12 +103,13 @@ def predict(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         recipe, _, usual = CASES[case]
         rows = []
         t0 = time.perf_counter()
-        first = plan_json(*case_flags(case, work, usual), args.gpu)
+        first = plan_json(*case_flags(case, work, usual, extra=args.flags), args.gpu)
         largest = int(first["max_micro_batch"])
         for micro in (usual, largest, largest + 1):
-            result = first if micro == usual else plan_json(*case_flags(case, work, micro), args.gpu)
+            flags = case_flags(case, work, micro, extra=args.flags)
+            result = first if micro == usual else plan_json(*flags, args.gpu)
             row = {k: result[k] for k in PLAN_KEYS}
-            row["command"] = shown(*case_flags(case, work, micro), work, plan=True) + f" --gpu {args.gpu} --json"
+            row["command"] = shown(*flags, work, plan=True) + f" --gpu {args.gpu} --json"
             rows.append(row)
             print(
                 f"{case:11s} micro-batch {micro:6d}: allocated {row['peak_allocated_bytes'] / MIB:10,.0f} MiB, "
@@ -118,7 +122,7 @@ def predict(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ measure
-def child(case: str, micro_batch: int, work: Path, device_name: str) -> dict[str, Any]:
+def child(case: str, micro_batch: int, work: Path, device_name: str, extra: str = "") -> dict[str, Any]:
     """One configuration's real steps in this fresh process; the peaks and the device's memory in use after them
     (`device_name` cpu: the plumbing only, the resident-set growth instead of the allocator's peaks)."""
     import torch
@@ -127,7 +131,7 @@ def child(case: str, micro_batch: int, work: Path, device_name: str) -> dict[str
     from trainlab.memory.measure import measure_step
     from trainlab.recipes import get_recipe
 
-    recipe_name, flags = case_flags(case, work, micro_batch, device_name)
+    recipe_name, flags = case_flags(case, work, micro_batch, device_name, extra)
     recipe_cls = get_recipe(recipe_name)
     recipe = recipe_cls(parse(recipe_cls.config_class, flags, prog=f"trainlab plan {recipe_name}"))
     device = torch.device(device_name)
@@ -163,8 +167,9 @@ def child(case: str, micro_batch: int, work: Path, device_name: str) -> dict[str
     return row
 
 
-def run_child(case: str, micro_batch: int, work: Path, timeout: int, device: str) -> dict[str, Any]:
+def run_child(case: str, micro_batch: int, work: Path, timeout: int, device: str, extra: str = "") -> dict[str, Any]:
     argv = [sys.executable, __file__, "--child", case, str(micro_batch), "--work-dir", str(work), "--device", device]
+    argv += [f"--flags={extra}"] if extra else []
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
@@ -211,7 +216,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     # the usual micro-batches first (far from the limit), then each near-limit configuration with the GPU alone
     ordered = sorted(jobs, key=lambda job: job[1]["micro_batch"] != CASES[job[0]][2])
     for case, plan in ordered:
-        real = run_child(case, plan["micro_batch"], work, args.timeout, args.device)
+        real = run_child(case, plan["micro_batch"], work, args.timeout, args.device, args.flags)
         row = {"plan": plan, "real": real, **compare(plan, real)}
         results[case].append(row)
         print(line(case, row), flush=True)
@@ -238,6 +243,9 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     parser.add_argument("--gpu", default="H100-80GB", help="predict: the GPU profile planned for")
     parser.add_argument("--predicted", default="", help="measure: the JSON files `predict` wrote (comma-separated)")
+    parser.add_argument(
+        "--flags", default="", help='more flags of every configuration, planned and run (e.g. "--deterministic true")'
+    )
     parser.add_argument("--rows", default=",".join(ROWS), help="measure: which stored plans of each case to run")
     parser.add_argument("--timeout", type=int, default=240, help="measure: seconds per configuration")
     parser.add_argument("--device", default="cuda", help="measure: cuda, or cpu to check the plumbing (no figures)")
@@ -250,7 +258,7 @@ def main() -> None:
         work = Path(args.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         if args.child:
-            print(json.dumps(child(args.child[0], int(args.child[1]), work, args.device)))
+            print(json.dumps(child(args.child[0], int(args.child[1]), work, args.device, args.flags)))
             return
         env = environment()
         if args.mode == "predict":

@@ -9,9 +9,10 @@
 # Settings (environment): STAGE_SECONDS (a stage's limit, 540), WORK (weights and runs), RESULTS_TGZ (also pack the
 # results there after each stage); debug: DEBUG_RECIPES, DEBUG_PRECISIONS, DEBUG_COMPILE, DEBUG_JOBS, DEBUG_TAG;
 # constants: CONSTANT_STEPS (comma list of bench_gpu_constants.py's steps; default all);
-# plan: PLAN_CASES, PLAN_ROWS (usual,largest,next), PREDICTED (comma list; default every
-# results/plan_gpu_predicted_H100-80GB_*.json); measure: MEASURE_CASES (var_d16,moco_vit_s,moco_r50), GPU_PROFILE
-# (the planner's profile of this GPU, H100-80GB), MEASURE_STEPS (timed steps, 20);
+# plan: PLAN_CASES, PLAN_ROWS (usual,largest,next), PLAN_FLAGS (more flags, e.g. "--deterministic true"), PREDICTED
+# (comma list; default every results/plan_gpu_predicted_H100-80GB_*.json);
+# measure: MEASURE_CASES (var_d16,moco_vit_s,moco_r50), GPU_PROFILE (the planner's profile of this GPU, H100-80GB),
+# MEASURE_STEPS (timed steps, 20);
 # gpu_bench: GPU_BENCH_ARGS (e.g. "--section precision"); var_official: VAR_SECONDS, VAR_IMAGES, VAR_REPEATS,
 # VAR_VARIANTS, VAR_PRECISIONS (bf16-amp,fp16-amp-scale).
 set -u
@@ -59,6 +60,7 @@ for s in "$@"; do
         predicted=${PREDICTED:-$(ls benchmarks/results/plan_gpu_predicted_H100-80GB_*.json | paste -sd, -)}
         stage plan "$limit" "$py" benchmarks/bench_plan_gpu.py measure --predicted "$predicted" \
             --cases "${PLAN_CASES:-var_d16,moco_vit_s,moco_r50,cifar_r18}" --rows "${PLAN_ROWS:-usual,largest,next}" \
+            --flags="${PLAN_FLAGS:-}" \
             --work-dir "$work/plan" \
             --json "$results/plan.json"
         ;;
@@ -79,7 +81,8 @@ for s in "$@"; do
         steps=${MEASURE_STEPS:-20}
         for c in $(echo "${MEASURE_CASES:-var_d16,moco_vit_s,moco_r50}" | tr , ' '); do
             case $c in
-            var_d16) flags="var --config var_d16 --batch-size 96 --data.fake-size 4096 --tokenizer-weights $(tokenizer)" ;;
+            var_d16)
+                flags="var --config var_d16 --batch-size 96 --data.fake-size 4096 --tokenizer-weights $(tokenizer)" ;;
             moco_vit_s) flags="moco --config moco_v3_vit_small --batch-size 128 --data.fake-size 512" ;;
             moco_r50) flags="moco --config moco_v3_r50_100ep --batch-size 128 --data.fake-size 512" ;;
             *) echo "unknown measure case $c"; continue ;;

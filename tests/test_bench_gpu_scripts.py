@@ -63,7 +63,8 @@ def test_plan_gpu_measure_runs_each_configuration_in_its_own_process(
     out = tmp_path / "measured.json"
     proc = subprocess.run(
         [python, str(BENCHMARKS / "bench_plan_gpu.py"), "measure", "--device", "cpu", "--cases", "cifar_r18",
-         "--rows", "usual,largest", "--predicted", str(predicted), "--work-dir", str(tmp_path / "work"),
+         "--rows", "usual,largest", "--flags", "--deterministic true", "--predicted", str(predicted),
+         "--work-dir", str(tmp_path / "work"),
          "--json", str(out)],
         env=run_env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
