@@ -60,9 +60,7 @@ MEASURE_STEPS = (2, 1)  # warm-up steps, timed steps: the peaks are read after t
 MIB = 2**20
 
 
-def case_flags(
-    case: str, work: Path, micro_batch: int, device: str = "cuda", extra: str = ""
-) -> tuple[str, list[str]]:
+def case_flags(case: str, work: Path, micro_batch: int, device: str = "cuda", extra: str = "") -> tuple[str, list[str]]:
     """The recipe and its flags for one configuration of `case` (the same on both machines, but for paths), with the
     `extra` flags (`--flags`, e.g. "--deterministic true") last."""
     recipe, flags, _ = CASES[case]

@@ -173,6 +173,26 @@ def test_a_second_process_on_the_same_run_dir_is_refused(tmp_path: Path) -> None
         pass
 
 
+def test_the_lock_knows_whether_its_run_directory_is_still_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    with RunDirLock(run) as lock:
+        assert lock.in_place()
+        real_stat = os.stat
+        # a file system whose inode numbers change between calls (some FUSE mounts): the lock's text decides
+        monkeypatch.setattr(os, "stat", lambda p, *a, **k: os.stat_result((0, 12345, *real_stat(p)[2:])))
+        assert lock.in_place()
+        monkeypatch.undo()
+        run.rename(tmp_path / "moved")
+        assert not lock.in_place()  # moved away
+        run.mkdir()
+        (run / ".lock").write_text('{"pid": 1}')
+        assert not lock.in_place()  # another lock file at the old place
+        (run / ".lock").unlink()
+        assert not lock.in_place()
+
+
 def test_keep_last_k_and_fallback_when_last_is_corrupt(tmp_path: Path, caplog: Any) -> None:
     Trainer(ToyRecipe(_config(tmp_path, epochs=2, checkpoint_every=1, keep_checkpoints=3))).fit()
     store = CheckpointStore(tmp_path / "ckpt", keep=3)

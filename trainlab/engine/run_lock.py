@@ -28,6 +28,7 @@ class RunDirLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / LOCK_NAME
         self._file: IO[str] | None = None
+        self._text = ""  # what this process wrote into the lock file
 
     def acquire(self) -> None:
         """Take the lock or raise a UsageError naming the process that holds it."""
@@ -45,7 +46,8 @@ class RunDirLock:
             ) from None
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}))
+        self._text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+        handle.write(self._text)
         handle.flush()
         self._file = handle
 
@@ -55,9 +57,12 @@ class RunDirLock:
             return True
         try:
             here, held = os.stat(self.path), os.fstat(self._file.fileno())
-        except OSError:
+            if (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+                return True
+            # a file system whose inode numbers do not hold still (some FUSE mounts): the file's text decides
+            return self.path.read_text() == self._text
+        except (OSError, UnicodeDecodeError):
             return False
-        return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
 
     def release(self) -> None:
         """Free the lock (idempotent)."""
