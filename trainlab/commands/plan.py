@@ -303,7 +303,7 @@ def _hand(recipe: Any, result: Plan) -> HandEstimate:
         optimizer=optimizer,
         batch_size=b.micro_batch,
         input_elements=elements,
-        depth=getattr(cfg, "depth", None) if recipe.name == "var" else None,
+        depth=recipe.hand_formula_depth(),
     )
     errors = []
     if estimate.parameters != b.parameters:

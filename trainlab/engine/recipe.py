@@ -461,6 +461,20 @@ class Recipe(ABC, Generic[ConfigT]):
         assumes until one is measured. Default: a small convnet (CIFAR-size, toy)."""
         return "small-convnet"
 
+    def plan_notes(self, gpus: int, accumulation: int, micro_batch: int) -> list[str]:
+        """Lines `trainlab plan` prints under the plan for this configuration: what the split of the batch into
+        `gpus` x `accumulation` micro-batches changes for this recipe (default: nothing to say)."""
+        return []
+
+    def accumulation_note(self, gpus: int, accumulation: int) -> str:
+        """What gradient accumulation, offered as a lever by `trainlab plan`, changes for this recipe besides memory
+        ('' where the step is the large batch's: the default)."""
+        return ""
+
+    def hand_formula_depth(self) -> int | None:
+        """The transformer depth the seed's hand formula of `trainlab plan` takes (None: no depth to give it)."""
+        return None
+
     @abstractmethod
     def debug_config(self) -> ConfigT:
         """A tiny variant of `self.config` that trains in seconds on a CPU: smaller model and data only (--debug and

@@ -33,7 +33,6 @@ from trainlab.memory.flops import compute_name
 from trainlab.memory.fsdp_memory import FsdpLayout, FsdpMemory, FsdpPlanner, FsdpSettings, recipe_layout
 from trainlab.memory.gpus import GpuProfile
 from trainlab.memory.log_once import each_message_once
-from trainlab.memory.moco_keys import accumulation_lever_effect, moco_plan_notes
 from trainlab.memory.run_cost import DataRate, RunCost, known_dataset_size, run_cost, stored_data_rate
 from trainlab.memory.trace import PlanDevice, TracedRun, first_forward
 from trainlab.memory.trace_workers import TraceJob, TraceWorkers, fork_runs_autograd, trace_job
@@ -471,8 +470,7 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
         epochs=cfg.epochs,
         max_steps=cfg.max_steps,
     )
-    if recipe.name == "moco":
-        result.notes = moco_plan_notes(cfg, request.gpus, cfg.grad_accumulation, micro)
+    result.notes = recipe.plan_notes(request.gpus, cfg.grad_accumulation, micro)
     if request.candidates:
         result.candidates = _candidates(recipe, request, tracer, result)
     if request.gpu is None:
@@ -834,8 +832,8 @@ def _levers(
         m = cfg.batch_size // request.gpus // k
         t = total(tracer(m, min(k, 2)))  # micro-batches 3.. repeat the 2nd
         description = f"--grad-accumulation {k} (micro-batch {m}, same global batch)"
-        if recipe.name == "moco":
-            description += f"; {accumulation_lever_effect(cfg, request.gpus, k)}"
+        effect = recipe.accumulation_note(request.gpus, k)
+        description += f"; {effect}" if effect else ""
         levers.append(Lever("smaller micro-batch", description, t, t <= capacity))
     if result.gpus_needed and result.gpus_needed > request.gpus:
         n = result.gpus_needed

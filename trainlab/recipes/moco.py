@@ -397,6 +397,16 @@ class MocoRecipe(Recipe[MocoConfig]):
     def model_family(self) -> ModelFamily:
         return MOCO_BACKBONE_FAMILY[self.config.model]
 
+    def plan_notes(self, gpus: int, accumulation: int, micro_batch: int) -> list[str]:
+        from trainlab.memory.moco_keys import moco_plan_notes
+
+        return moco_plan_notes(self.config, gpus, accumulation, micro_batch)
+
+    def accumulation_note(self, gpus: int, accumulation: int) -> str:
+        from trainlab.memory.moco_keys import accumulation_lever_effect
+
+        return accumulation_lever_effect(self.config, gpus, accumulation)
+
     def debug_config(self) -> MocoConfig:
         return dataclasses.replace(
             self.config,

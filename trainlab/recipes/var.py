@@ -514,6 +514,9 @@ class VARRecipe(Recipe[VARTrainConfig]):
     def model_family(self) -> ModelFamily:
         return "transformer"
 
+    def hand_formula_depth(self) -> int | None:
+        return self.config.depth
+
     def debug_config(self) -> VARTrainConfig:
         c = self.config
         return dataclasses.replace(
