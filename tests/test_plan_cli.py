@@ -73,3 +73,20 @@ def test_a_batch_no_tensor_can_hold_is_one_line(capsys: pytest.CaptureFixture[st
     assert main(["plan", "toy", "--batch-size", str(2**63 - 1), "--gpu", "H100-80GB"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs tensors larger than any device's address space" in err[0], err
+
+
+def test_fp32_convolutions_on_cuda_name_the_cudnn_workspaces(capsys: pytest.CaptureFixture[str]) -> None:
+    """Measured on two GPUs and not modelled: said beside an fp32 CUDA plan with convolutions, and nowhere else."""
+    from trainlab.memory.planner import CUDNN_FP32_NOTE
+
+    cifar = ["cifar", "--model", "cifar_resnet_debug", "--batch-size", "8", "--data.kind", "fake", "--json"]
+    for extra, said in (
+        (["--device", "cuda"], True),
+        (["--device", "cuda", "--deterministic", "true"], False),  # benchmark mode off
+        (["--device", "cuda", "--precision", "bf16-amp"], False),
+        (["--device", "cpu"], False),
+    ):
+        assert main(["plan", *cifar, *extra]) == 0
+        assert (CUDNN_FP32_NOTE in json.loads(capsys.readouterr().out)["notes"]) is said, extra
+    assert main(["plan", *TOY, "--device", "cuda", "--json"]) == 0  # no convolution
+    assert json.loads(capsys.readouterr().out)["notes"] == []

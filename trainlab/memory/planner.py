@@ -134,6 +134,14 @@ class Candidate:
     fastest: bool = False
 
 
+# What the plan leaves out for fp32 convolutions on CUDA, as measured (benchmarks/README sections 13c and 13f).
+CUDNN_FP32_NOTE = (
+    "not in these numbers: cuDNN's benchmark mode picks fp32 convolution algorithms with large workspaces inside the "
+    "allocator (CIFAR ResNet-18 at micro-batch 128 peaked at 3,707 MiB against the 679 planned, on an H100 and an "
+    "H200; 559 MiB against 405 with bf16-amp); --deterministic true turns benchmark mode off"
+)
+
+
 def overheads(
     device: PlanDevice, gpu: GpuProfile | None, gpus: int, gradients_bytes: int, has_conv: bool, fsdp: bool = False
 ) -> Overheads:
@@ -471,6 +479,8 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
         max_steps=cfg.max_steps,
     )
     result.notes = recipe.plan_notes(request.gpus, cfg.grad_accumulation, micro)
+    if request.device == "cuda" and main.uses_convolution and cfg.precision == "fp32" and not cfg.deterministic:
+        result.notes.append(CUDNN_FP32_NOTE)
     if request.candidates:
         result.candidates = _candidates(recipe, request, tracer, result)
     if request.gpu is None:
