@@ -74,7 +74,7 @@ def _split(rng: np.random.Generator, num: int, side: int, palette_K3: np.ndarray
     img_N3SS = np.empty((num, 3, side, side), dtype=np.uint8)
     # A few images at a time (float64 temporaries of about CHUNK_VALUES values): the noise of consecutive chunks is
     # drawn from the stream in the same order as one draw of the whole (num, 3, S, S) array, so the bytes do not
-    # depend on the chunk size (tests/test_data_synthetic.py), and the temporaries stay in cache.
+    # depend on the chunk size (tests/test_data_sources.py), and the temporaries stay in cache.
     chunk = max(1, CHUNK_VALUES // (3 * side * side))
     for start in range(0, num, chunk):
         part = slice(start, min(start + chunk, num))
