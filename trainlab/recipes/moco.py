@@ -60,6 +60,7 @@ from trainlab.models.moco import MoCo, is_vit, official_checkpoint
 from trainlab.models.names import FORMER_MOCO_BACKBONES, MOCO_BACKBONE_FAMILY, MocoBackbone, ModelFamily
 from trainlab.optim.config import OptimConfig
 from trainlab.optim.momentum import cosine_momentum
+from trainlab.recipes.moco_plan import accumulation_lever_effect, moco_plan_notes
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -398,13 +399,9 @@ class MocoRecipe(Recipe[MocoConfig]):
         return MOCO_BACKBONE_FAMILY[self.config.model]
 
     def plan_notes(self, gpus: int, accumulation: int, micro_batch: int) -> list[str]:
-        from trainlab.memory.moco_keys import moco_plan_notes
-
         return moco_plan_notes(self.config, gpus, accumulation, micro_batch)
 
     def accumulation_note(self, gpus: int, accumulation: int) -> str:
-        from trainlab.memory.moco_keys import accumulation_lever_effect
-
         return accumulation_lever_effect(self.config, gpus, accumulation)
 
     def debug_config(self) -> MocoConfig:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainlab.memory.moco_keys import held_micro_batches_bytes, keys_bytes, moco_plan_notes
 from trainlab.memory.planner import PlanRequest, plan
 from trainlab.recipes.moco import MocoConfig, MocoRecipe
+from trainlab.recipes.moco_plan import held_micro_batches_bytes, keys_bytes, moco_plan_notes
 
 
 def _config(**kw: object) -> MocoConfig:
