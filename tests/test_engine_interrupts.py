@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,17 @@ def _train_losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in rows if r["kind"] == "train"]
 
 
+def _start(python: str, run_env: dict[str, str], run: Path, step_sleep: float, **popen: Any) -> subprocess.Popen[Any]:
+    """The toy run in `run`, slowed to `step_sleep` s a step, in the background (stdout / stderr piped as text unless
+    `popen` says otherwise)."""
+    streams: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    return subprocess.Popen(
+        [python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--step-sleep-seconds", str(step_sleep)],
+        env=run_env,
+        **(streams | popen),
+    )
+
+
 def _wait_for_rows(metrics: Path, rows: int, drain: int | None = None) -> None:
     deadline = time.time() + 120
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < rows):
@@ -66,13 +78,7 @@ def test_a_stop_signal_saves_and_resumes(
     )
 
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--step-sleep-seconds", "0.1"],
-        env=run_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start(python, run_env, run, 0.1)
     _wait_for_rows(run / "metrics.jsonl", 3)
     proc.send_signal(stop_signal)
     _, err = proc.communicate(timeout=120)
@@ -101,14 +107,7 @@ def test_a_stop_signal_saves_and_resumes(
 def test_sighup_is_left_alone_where_ignored(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
     # nohup: the process starts with SIGHUP ignored, and training keeps it so
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--step-sleep-seconds", "0.05"],
-        env=run_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
-    )
+    proc = _start(python, run_env, run, 0.05, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     _wait_for_rows(run / "metrics.jsonl", 3)
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=120)
@@ -122,13 +121,7 @@ def test_a_hung_up_terminal_still_saves(tmp_path: Path, python: str, run_env: di
     # arrives: the bar's next write would fail (EIO), so the streams are pointed at /dev/null and the step is saved
     primary, secondary = pty.openpty()
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [python, "-m", "trainlab", *ARGS, "--run-dir", str(run), "--step-sleep-seconds", "0.1"],
-        env=run_env,
-        stdin=subprocess.DEVNULL,
-        stdout=secondary,
-        stderr=secondary,
-    )
+    proc = _start(python, run_env, run, 0.1, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary, text=False)
     os.close(secondary)
     _wait_for_rows(run / "metrics.jsonl", 3, drain=primary)
     os.close(primary)  # the terminal hangs up: writes to it fail from now on
