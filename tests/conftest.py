@@ -6,6 +6,7 @@ import dataclasses
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,22 @@ SHARED = Path(os.environ.get("TRAINLAB_SHARED", REPO.parent / "shared"))  # refe
 VAR_FIXTURE = SHARED / "fixtures" / "var_official_d4.pt"
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_in_the_session_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The temporary files of the suite and its subprocesses (torchrun's log folders, wandb's staging folders, compiled
+    kernels) go to a folder of this session, which pytest prunes with its others, instead of piling up in /tmp."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = None  # read TMPDIR again
+    yield
+    if saved is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved
+    tempfile.tempdir = None
 
 
 @pytest.fixture(autouse=True)

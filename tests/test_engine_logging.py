@@ -29,13 +29,16 @@ def test_jsonl_tensorboard_and_config(tmp_path: Path) -> None:
 
 
 def test_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     cfg = ToyConfig(
         run_dir=tmp_path, num_samples=32, batch_size=16, epochs=1, log_every=1, wandb="offline", tensorboard=False
     )
-    Trainer(ToyRecipe(cfg)).fit()
+    try:
+        Trainer(ToyRecipe(cfg)).fit()
+    finally:
+        wandb.teardown()  # stop the service process this test started (its exit hook fails once later tests have run)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, list(tmp_path.rglob("*"))[:20]
     assert list(runs[0].glob("*.wandb"))
