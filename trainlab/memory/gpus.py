@@ -67,8 +67,11 @@ _L40S = "https://www.nvidia.com/en-us/data-center/l40s/ (L40S data sheet)"
 _ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf (appendix, RTX 4090)"
 _V100 = "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
 
-# total_bytes: mem_get_info's total where measured (H100-80GB, H200); elsewhere MiB as nvidia-smi reports them for
-# the card (not measured), which is a few hundred MiB more than a process can use.
+# total_bytes: mem_get_info's total where measured (H100-80GB, H200). Elsewhere the smallest `totalGlobalMem` seen in
+# public deviceQuery outputs (not measured by trainlab): the same figure as mem_get_info's total (the H100's reading
+# under the CUDA 13.0 driver is the 81,079 MiB measured here), a few hundred MiB below nvidia-smi's total (the memory
+# the driver keeps), and tens of MiB apart between drivers (H100: 81,079 to 81,106 MiB). L20: nvidia-smi's total (no
+# public reading found). RTX 4090: nvidia-smi's total, which Linux's reading equals (WDDM on Windows keeps ~1.5 GiB).
 # Peaks: dense tensor-core TFLOP/s from the data sheets (their "with sparsity" figures halved); prices: examples.
 GPU_PROFILES: dict[str, GpuProfile] = {
     p.name: p
@@ -101,7 +104,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             "A100-80GB",
-            81_920 * MIB,
+            81_051 * MIB,  # deviceQuery, CUDA 12.2 driver (81,158 under 12.5); nvidia-smi shows 81,920 MiB
             (8, 0),
             peak_tflops=_peaks(19.5, 156.0, 312.0),
             bandwidth_gb_per_s=2039,
@@ -111,7 +114,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             "A100-40GB",
-            40_960 * MIB,
+            40_339 * MIB,  # deviceQuery, CUDA 12.2 driver; nvidia-smi shows 40,960 MiB
             (8, 0),
             peak_tflops=_peaks(19.5, 156.0, 312.0),
             bandwidth_gb_per_s=1555,
@@ -121,7 +124,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             "L20-48GB",
-            46_068 * MIB,
+            46_068 * MIB,  # nvidia-smi's total (no public deviceQuery reading found)
             (8, 9),
             peak_tflops=_peaks(59.8, 59.8, 119.5),
             bandwidth_gb_per_s=864,
@@ -131,7 +134,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             "L40S-48GB",
-            46_068 * MIB,
+            45_373 * MIB,  # deviceQuery, CUDA 12.4 driver; nvidia-smi shows 46,068 MiB
             (8, 9),
             peak_tflops=_peaks(91.6, 183.0, 362.05),
             bandwidth_gb_per_s=864,
@@ -141,7 +144,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             "RTX4090-24GB",
-            24_564 * MIB,
+            24_564 * MIB,  # nvidia-smi's total; deviceQuery on Linux (CUDA 12.1 driver) reads the same
             (8, 9),
             peak_tflops=_peaks(82.6, 82.6, 165.2),
             bandwidth_gb_per_s=1008,
@@ -151,7 +154,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             "V100-32GB",
-            32_768 * MIB,
+            32_480 * MIB,  # deviceQuery, CUDA 10.0 driver (32,494 to 32,511 under 11.2 to 12.9); nvidia-smi 32,768
             (7, 0),
             peak_tflops=_peaks(15.7, 15.7, None, fp16=125.0),
             bandwidth_gb_per_s=900,
