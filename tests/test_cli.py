@@ -309,6 +309,43 @@ def test_host_memory_and_a_lost_peer_are_one_line(
         main(["doctor"])
 
 
+def test_a_library_that_cannot_be_mapped_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loader failing to map torch's library (an address-space limit) is out of memory; a missing module is a bad
+    install and keeps its traceback."""
+    unmapped = ImportError("libtorch_cpu.so: failed to map segment from shared object")
+    _command(monkeypatch, lambda argv: (_ for _ in ()).throw(unmapped))
+    assert main(["doctor"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "out of memory while loading a library (libtorch_cpu.so" in err[0], err
+    assert "ulimit -v" in err[0]
+    with pytest.raises(ModuleNotFoundError):
+        _command(monkeypatch, lambda argv: (_ for _ in ()).throw(ModuleNotFoundError("No module named 'torch'")))
+        main(["doctor"])
+
+
+def test_an_address_space_too_small_for_torch_is_one_line(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
+    """A real limit (ulimit -v 400 MiB): the import of torch fails inside the command, which says so in one line."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (400 * 2**20, resource.RLIM_INFINITY))
+
+    done = subprocess.run(
+        [python, "-m", "trainlab", "plan", "toy", "--json"],
+        env=run_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+    )
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr[-2000:]
+    assert err[0].startswith("trainlab plan: error: out of memory"), err
+
+
 def test_nothing_follows_the_error_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """What fails in a finaliser as the command's objects are let go (a half-started DataLoader iterator's __del__)
     is a consequence of the error: the line stays the last thing on stderr."""

@@ -13,9 +13,10 @@ Flags are one vocabulary across commands (`trainlab/vocabulary.py`). The dispatc
 it runs, and a command imports torch when it needs it: `--help`, `runs`, `report` and usage errors load no torch.
 
 One error boundary for every command: a user error (`UsageError`), an OS error (full disk, read-only or missing
-path, a file where a folder is expected, ...) and running out of memory (a device's or the host's) print one line
-`trainlab CMD: error: ...` and exit with code 2 (a diverged run: 1); a collective that fails because another
-process of the run died is one line with exit code 1; anything else is a bug and keeps its traceback. Under
+path, a file where a folder is expected, ...) and running out of memory (a device's or the host's, or the address
+space to load torch's library) print one line `trainlab CMD: error: ...` and exit with code 2 (a diverged run: 1);
+a collective that fails because another process of the run died is one line with exit code 1; anything else is a
+bug and keeps its traceback. Under
 torchrun only rank 0 prints the line (every rank exits with the code) and the line goes to torchrun's error file
 for its summary. SIGTERM outside the training loop (whose own handlers save first) ends a command as Ctrl-C does:
 one line, exit code 143 (Ctrl-C: 130).
@@ -29,6 +30,7 @@ import gc
 import importlib
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -148,6 +150,22 @@ def _out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(text in str(err) for text in _HOST_ALLOCATOR_FAILURES)
 
 
+def _library_not_mapped(err: ImportError) -> bool:
+    """The loader could not map a shared library (torch's) into memory: an address-space limit, not a bad install."""
+    text = str(err).lower()
+    return "failed to map segment" in text or "cannot allocate memory" in text
+
+
+def _address_space_message(err: ImportError) -> str:
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    limit = "" if soft == resource.RLIM_INFINITY else f" (ulimit -v {soft // 1024} KiB)"
+    return (
+        f"out of memory while loading a library ({first}): the process's address-space limit{limit} or the free "
+        "memory is too small for torch; raise the limit (ulimit -v unlimited) or free memory"
+    )
+
+
 def _peer_lost(err: BaseException) -> bool:
     """A collective's error because another process of a torchrun run died (that process's failure is the news)."""
     return launcher.launched_by_torchrun() and any(text in str(err) for text in _PEER_LOST)
@@ -246,6 +264,10 @@ def _run_command(name: str, rest: list[str]) -> int:
         if launcher.launched_rank() == 0:
             print(f"trainlab {name}: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
+    except ImportError as err:
+        if not _library_not_mapped(err):
+            raise  # a missing module or a bad install: the traceback names it
+        return _fail(name, _address_space_message(err), 2)
     except (MemoryError, RuntimeError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         if _peer_lost(err):
