@@ -16,10 +16,9 @@ One error boundary for every command: a user error (`UsageError`), an OS error (
 path, a file where a folder is expected, ...) and running out of memory (a device's or the host's, or the address
 space to load torch's library) print one line `trainlab CMD: error: ...` and exit with code 2 (a diverged run: 1);
 a collective that fails because another process of the run died is one line with exit code 1; anything else is a
-bug and keeps its traceback. Under
-torchrun only rank 0 prints the line (every rank exits with the code) and the line goes to torchrun's error file
-for its summary. SIGTERM outside the training loop (whose own handlers save first) ends a command as Ctrl-C does:
-one line, exit code 143 (Ctrl-C: 130).
+bug and keeps its traceback. Under torchrun only rank 0 prints the line (every rank exits with the code) and the
+line goes to torchrun's error file for its summary. SIGTERM outside the training loop (whose own handlers save
+first) ends a command as Ctrl-C does: one line, exit code 143 (Ctrl-C: 130).
 `--help` on any subcommand documents every field.
 """
 
