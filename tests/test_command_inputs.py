@@ -178,6 +178,14 @@ VAR_CASES: dict[str, tuple[str, Callable[[State], None], str]] = {
     "vae-emb-3d": ("vae", _set("quantize.embedding.weight", lambda t: t[None]), r"embedding\.weight has shape \(1,"),
     "vae-nan": ("vae", _set("decoder.conv_out.weight", _nan_at), r"decoder\.conv_out\.weight holds 1 NaN"),
     "vae-nan-codebook": ("vae", _set("quantize.embedding.weight", _nan_at), r"quantize\.embedding\.weight holds"),
+    # read before the architecture is inferred from the shapes (lvl_1L's values): one line, not torch's meta error
+    "all-meta": ("var", lambda s: s.update({k: v.to("meta") for k, v in s.items()}), r"pos_start holds no values"),
+    "vae-meta": ("vae", _set("decoder.conv_out.weight", lambda t: t.to("meta")), r"conv_out\.weight holds no values"),
+    "fp8-nan": (
+        "var",
+        lambda s: s.update({k: _nan_at(v).to(torch.float8_e4m3fn) for k, v in s.items() if k == "head.weight"}),
+        r"head\.weight holds 1 NaN",
+    ),
 }
 
 

@@ -160,3 +160,19 @@ def test_seed_fixes_everything(tmp_path: Path) -> None:
     c = Trainer(ToyRecipe(_config(tmp_path / "c", epochs=1, seed=12))).fit().losses
     assert a == b
     assert a != c
+
+
+@pytest.mark.filterwarnings("ignore:Validating sparse tensor invariants")
+def test_a_checkpoint_holding_a_tensor_without_values_is_named(tmp_path: Path) -> None:
+    """A meta or sparse tensor in a (non-sharded) checkpoint is refused where it is read, naming its place, instead of
+    surfacing as a model that "does not fit" the checkpoint."""
+    Trainer(ToyRecipe(_config(tmp_path, epochs=1))).fit()
+    path = tmp_path / "ckpt" / "last.pt"
+    state = load_checkpoint(path)
+    damages = ((lambda t: t.to("meta"), "holds no values"), (lambda t: t.to_sparse(), "is a torch.sparse_coo"))
+    for damage, words in damages:
+        hollow = {**state, "models": {"model": {**state["models"]["model"]}}}
+        hollow["models"]["model"]["0.weight"] = damage(state["models"]["model"]["0.weight"])
+        torch.save(hollow, tmp_path / "hollow.pt")
+        with pytest.raises(UsageError, match=rf"models\.model\.0\.weight {words}"):
+            load_checkpoint(tmp_path / "hollow.pt")

@@ -104,6 +104,32 @@ def load_user_file(path: str | os.PathLike[str], what: str, *, fix: str) -> Any:
         raise UsageError(f"cannot read {what} {path} ({load_error_reason(err)}); {fix}") from None
 
 
+def hollow_tensor(obj: Any, prefix: str = "") -> tuple[str, str] | None:
+    """(where, what) of the first tensor in a loaded file (nested dicts, lists, tuples) that holds no values to read:
+    a meta tensor (`torch.save` keeps its shape only) or a sparse / non-strided one; None when there is none. A file
+    of weights or a checkpoint holds dense tensors only; the planner's fake tensors are not hollow."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_meta and not is_fake(obj):
+            return prefix or "the file", "holds no values (a meta tensor)"
+        if obj.layout != torch.strided:
+            return prefix or "the file", f"is a {obj.layout} tensor"
+        return None
+    items: Any = obj.items() if isinstance(obj, Mapping) else enumerate(obj) if isinstance(obj, list | tuple) else ()
+    for key, value in items:
+        found = hollow_tensor(value, f"{prefix}.{key}" if prefix else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_hollow_tensors(obj: Any, source: str, fix: str) -> None:
+    """`hollow_tensor` as one `UsageError` naming `source`, the tensor and `fix`."""
+    found = hollow_tensor(obj)
+    if found is not None:
+        where, what = found
+        raise UsageError(f"{source}: {where} {what}, not dense weights: a damaged or edited file; {fix}")
+
+
 def _kind(dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return "bool"
@@ -185,12 +211,12 @@ def check_state_dict(
     for k, tensor in found.items():
         if not tensor.is_floating_point() or is_fake(tensor):  # the memory planner's fake tensors have no values
             continue
-        values = tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+        values = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()  # fp8 has no isfinite
         ok = torch.isfinite(values) | (values == -torch.inf) if k in neg_inf_ok else torch.isfinite(values)
         if not bool(ok.all()):
             bad.append(k)
     if bad:
-        values = found[bad[0]]
+        values = found[bad[0]].float()
         nans, infs = int(values.isnan().sum()), int(values.isinf().sum())
         raise UsageError(
             f"{source}: {bad[0]} holds {nans} NaN and {infs} inf values ({len(bad)} non-finite tensor"

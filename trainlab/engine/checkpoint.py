@@ -50,7 +50,7 @@ from torch.distributed.tensor import DTensor
 from trainlab.config import upgrade_keys
 from trainlab.engine import sharded_checkpoint as sharded
 from trainlab.errors import TrainingStopped, UsageError, missing_file
-from trainlab.user_files import load_error_reason
+from trainlab.user_files import load_error_reason, refuse_hollow_tensors
 
 log = logging.getLogger(__name__)
 
@@ -302,9 +302,10 @@ def load_checkpoint(path: Path, *, mmap: bool = False, whole: bool = True) -> di
             f"checkpoint {path} has format version {version}, this trainlab reads up to {FORMAT_VERSION}; update "
             "trainlab to resume it"
         )
-    if sharded.is_sharded_index(state):
+    if sharded.is_sharded_index(state):  # its index holds meta tensors of the saved shapes, by design
         folder = sharded.check_folder(state, path)
         return sharded.read_whole(state, folder) if whole else dict(state)
+    refuse_hollow_tensors(state, f"checkpoint {path}", "resume from an earlier checkpoint of the run")
     return dict(state)
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from trainlab.errors import UsageError, missing_file
-from trainlab.user_files import check_state_dict, load_user_file
+from trainlab.user_files import check_state_dict, load_user_file, refuse_hollow_tensors
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ def load_inception(path: Path, features: Sequence[str] = ("2048",)) -> nn.Module
     state = load_user_file(path, "--inception-weights", fix=fix)  # read as data, never as code
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UsageError(f"--inception-weights {path} is not a plain state_dict of tensors; {fix}")
+    refuse_hollow_tensors(state, f"--inception-weights {path}", fix)
     # torch-fidelity reads the weights from a path with weights_only=False: hand it our own copy of the tensors just
     # checked, in a folder of ours, never the user's file again (which could be swapped between the two reads)
     with tempfile.TemporaryDirectory(prefix="trainlab-inception-") as folder:

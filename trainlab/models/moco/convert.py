@@ -24,7 +24,7 @@ from trainlab.models.backbones.resnet import _DEBUG_WIDTHS
 from trainlab.models.backbones.vit import VIT_SIZES
 from trainlab.models.moco.model import OFFICIAL_ARCH, MoCo
 from trainlab.models.names import MocoBackbone
-from trainlab.user_files import check_state_dict, load_user_file
+from trainlab.user_files import check_state_dict, load_user_file, refuse_hollow_tensors
 
 _PREFIX = "module."
 _FIX = "pass a MoCo v3 pretraining checkpoint (main_moco.py's checkpoint_*.pth.tar or trainlab's ckpt/last.pt)"
@@ -155,6 +155,7 @@ def read_moco_state(
         )
     if not all(isinstance(key, str) and isinstance(v, torch.Tensor) for key, v in state.items()):
         raise UsageError(f"{path}: its state_dict holds values that are not tensors; {_FIX}")
+    refuse_hollow_tensors(state, str(path), _FIX)
     return _strip_prefix(state), extra
 
 

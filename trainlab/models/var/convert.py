@@ -26,7 +26,7 @@ from trainlab.errors import UsageError
 from trainlab.models.names import FORMER_VQVAE_NAMES, VQVAE_NAMES
 from trainlab.models.var.transformer import VAR, VARConfig
 from trainlab.models.var.vqvae import VQVAE, infer_vqvae_config, vqvae_config
-from trainlab.user_files import check_state_dict, load_user_file, weights_needed
+from trainlab.user_files import check_state_dict, load_user_file, refuse_hollow_tensors, weights_needed
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ def read_state_dict(
         obj = obj["trainer"].get("var_wo_ddp" if what == "VAR" else "vae_local", obj)
     if not isinstance(obj, Mapping) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise UsageError(f"{path} is not a plain state_dict (name -> tensor); pass an official {what} weights file")
+    refuse_hollow_tensors(obj, f"{what} checkpoint {path}", "pass the original weights")
     return dict(obj)
 
 
