@@ -224,3 +224,19 @@ def test_a_fifo_lock_or_a_deeply_nested_metrics_line_never_stops_the_listing(
     assert main(["runs", str(runs_root)]) == 0
     out = capsys.readouterr().out
     assert "done " in out and "killed " in out and "sigterm " in out
+
+
+def test_counts_of_thousands_of_digits_in_a_config_or_checkpoint_are_no_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 5000-digit epochs in config.yaml, or step in the checkpoint, cannot be printed (Python's 4300-digit limit):
+    the run is listed without them, as with any other damaged value."""
+    huge = _run_dir(tmp_path, "huge_ckpt", rows=[_train(1, 2.0)], ckpt_step=10**5000)
+    assert run_state(huge).checkpoint_step is None and run_state(huge).epoch is None
+    config = _run_dir(tmp_path, "huge_config", rows=[_train(1, 2.0)])
+    text = (config / "config.yaml").read_text().replace("epochs: 2", "epochs: " + "9" * 5000)
+    (config / "config.yaml").write_text(text)
+    assert run_state(config).epochs is None
+    assert main(["runs", str(tmp_path), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(Path(run["run_dir"]).name for run in listed) == ["huge_ckpt", "huge_config"]

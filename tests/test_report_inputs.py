@@ -266,3 +266,16 @@ def test_numbers_no_run_writes_are_left_out_not_a_traceback(
     (run / "metrics.jsonl").write_text(text.replace(damage[0], damage[1], 1))
     assert main(["report", str(run), "--out-dir", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "results.md").is_file()
+
+
+def test_undecodable_names_are_drawn_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder name with bytes that are not UTF-8 (Python keeps them as lone surrogates), or a metric key with a
+    lone surrogate from a JSON escape, cannot be drawn by matplotlib: they are drawn as \\xff / \\ud800 instead."""
+    figures = _capture(monkeypatch)
+    run = _run(tmp_path / os.fsdecode(b"r\xff"))
+    rows = [f'{{"kind": "train", "step": {step}, "epoch": 0, "g\\ud800/loss": 1.0, "d/loss": 2.0}}' for step in (1, 2)]
+    (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")  # two losses: each curve is labelled by its key
+    assert main(["report", str(run), "--out-dir", str(tmp_path / "out")]) == 0
+    texts = [text.get_text() for text in figures["loss.png"].findobj(lambda artist: hasattr(artist, "get_text"))]
+    assert any("r\\xff" in text for text in texts) and any("g\\ud800/loss" in text for text in texts), texts
+    assert (tmp_path / "out" / "loss.png").stat().st_size > 0

@@ -48,6 +48,15 @@ def first_line(err: BaseException, limit: int = FIRST_LINE_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def printable(text: str) -> str:
+    """`text` without lone surrogates: a file name's undecodable bytes (Python keeps them as U+DC80..U+DCFF) become
+    `\\xff`, any other lone surrogate (from a JSON escape) `\\ud800`, so the text can be drawn or written as UTF-8."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def missing_file(path: str | os.PathLike[str]) -> str:
     """Why `path` is no file to read, in the words of a one-line error: "not found", or what is there instead (a
     folder, a FIFO, a broken or looping symbolic link), so a user does not look for a file that exists."""

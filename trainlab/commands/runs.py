@@ -37,7 +37,7 @@ from trainlab.config import FALSE_WORDS, TRUE_WORDS, option, parse
 from trainlab.engine.checkpoint_fields import UnreadableCheckpoint, read_fields
 from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError
-from trainlab.report.runs import describing_metric
+from trainlab.report.runs import describing_metric, is_position
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -145,6 +145,12 @@ def _same_folder(a: Path, b: Path) -> bool:
         return False
 
 
+def _whole(value: Any) -> bool:
+    """A step or epoch count read from a file: an int in [0, 2**62] (a damaged file's bool, float or 5000-digit
+    number is no count)."""
+    return isinstance(value, int) and is_position(value)
+
+
 def run_state(run_dir: Path) -> RunState:
     """The state of one run directory (see the module docstring for the status rules)."""
     files = RunDir(run_dir)
@@ -155,14 +161,14 @@ def run_state(run_dir: Path) -> RunState:
         header, config = {}, {}
     rows = files.read_metrics(skip_damaged=True)
     ckpt, ckpt_mtime = _checkpoint(files)
-    train = [r for r in rows if r.get("kind") == "train" and isinstance(r.get("step"), int)]
+    train = [r for r in rows if r.get("kind") == "train" and _whole(r.get("step"))]
     evals = [r for r in rows if r.get("kind") == "eval"]
     summaries = [r for r in rows if r.get("kind") == "summary"]
-    logged_step = max((int(r["step"]) for r in train + summaries), default=None)
-    ckpt_step = ckpt.get("step") if isinstance(ckpt.get("step"), int) else None
+    logged_step = max((int(r["step"]) for r in train + summaries if is_position(r.get("step"))), default=None)
+    ckpt_step = ckpt["step"] if _whole(ckpt.get("step")) else None
     step = max((s for s in (logged_step, ckpt_step) if s is not None), default=None)
     length = files.length(rows, config, _steps_per_epoch(ckpt))
-    epochs = config.get("epochs") if isinstance(config.get("epochs"), int) else None
+    epochs = config["epochs"] if _whole(config.get("epochs")) else None
     owner = files.lock_owner()
     if owner is not None:
         status = "running"
@@ -183,7 +189,7 @@ def run_state(run_dir: Path) -> RunState:
         step=step,
         stop_step=length.stop_step if length is not None else None,
         total_steps=length.total_steps if length is not None else None,
-        epoch=ckpt.get("epoch") if isinstance(ckpt.get("epoch"), int) else None,
+        epoch=ckpt["epoch"] if _whole(ckpt.get("epoch")) else None,
         epochs=epochs,
         loss=_loss(train[-1]) if train else None,
         eval=eval_values,

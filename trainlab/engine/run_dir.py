@@ -177,7 +177,7 @@ class RunDir:
         text = _read_text(self.config)
         try:
             config = yaml.safe_load(text)
-        except (yaml.YAMLError, RecursionError) as e:
+        except (yaml.YAMLError, RecursionError, ValueError) as e:  # ValueError: an int of thousands of digits
             raise UsageError(f"{self.config} is not valid YAML ({type(e).__name__}); fix or delete it") from None
         if config is None:
             return {}

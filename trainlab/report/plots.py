@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
 from trainlab.engine.run_dir import RunDir
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, printable
 from trainlab.report.runs import RunData, is_number, latest_rows, load_run
 from trainlab.report.tables import MIB, mean_std, timing_note
 
@@ -42,6 +43,8 @@ def _new_figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
 def _save(fig: Figure, out_dir: Path, name: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / name
+    for text in fig.findobj(Text):  # a folder name's undecodable bytes cannot be drawn: shown as \xff instead
+        text.set_text(printable(text.get_text()))
     fig.savefig(path, dpi=DPI)
     return path
 

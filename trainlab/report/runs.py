@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from trainlab.engine.run_dir import RunDir
+from trainlab.errors import printable
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,12 @@ def latest_rows(rows: Iterable[dict[str, Any]], kind: str, x_key: str) -> list[d
     """Rows of one kind, one per `x_key` value (the last written wins), sorted by it."""
     by_x: dict[int, dict[str, Any]] = {}
     for row in rows:
-        if row.get("kind") == kind and _is_position(row.get(x_key)):
+        if row.get("kind") == kind and is_position(row.get(x_key)):
             by_x[int(row[x_key])] = row
     return [by_x[x] for x in sorted(by_x)]
 
 
-def _is_position(value: Any) -> bool:
+def is_position(value: Any) -> bool:
     """A step or epoch a damaged row cannot fake: a whole number in [0, 2**62] (not NaN, inf, -1e300 or a bool)."""
     return is_number(value) and math.isfinite(value) and 0 <= value <= 2**62 and float(value).is_integer()
 
@@ -228,7 +229,7 @@ def summarize_run(run_dir: str | Path, label: str | None = None) -> dict[str, An
 def _summary_row(run: RunData, label: str | None) -> dict[str, Any]:
     s = run.summary
     return {
-        "label": label or run.precision or run.run_dir.name,
+        "label": printable(label or run.precision or run.run_dir.name),
         "run_dir": str(run.run_dir),
         "recipe": run.recipe,
         "model": run.model,
@@ -260,8 +261,8 @@ def different_kinds(runs: Sequence[RunData]) -> str:
     parts = []
     for what, values in (("recipes", [r.recipe for r in runs]), ("models", [r.model for r in runs])):
         distinct = sorted({v for v in values if v is not None})
-        if len(distinct) > 1:
-            parts.append(f"{what} {', '.join(distinct)}")
+        if len(distinct) > 1:  # names from the runs' files, shortened: a damaged header's cannot flood the line
+            parts.append(f"{what} {', '.join(printable(v if len(v) <= 40 else v[:37] + '...') for v in distinct)}")
     return "; ".join(parts)
 
 
