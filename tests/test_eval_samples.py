@@ -170,6 +170,11 @@ def test_the_reference_cache_is_read_as_data_and_a_damaged_entry_is_recomputed(
     assert not marker.exists()
     assert again["reference_cache"] == "miss" and again["fid"] == first["fid"]
     assert _fid(capsys, samples, reference, weights)["reference_cache"] == "hit"  # rewritten whole
+    with np.load(entry) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    np.savez(entry, **{**arrays, "sigma": np.full_like(arrays["sigma"], np.nan)})  # well-formed, values damaged
+    recomputed = _fid(capsys, samples, reference, weights)
+    assert recomputed["reference_cache"] == "miss" and recomputed["fid"] == first["fid"]
 
 
 def test_npz_and_folder_inputs_give_the_same_numbers(

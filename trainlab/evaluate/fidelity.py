@@ -333,6 +333,8 @@ def _read_cache_entry(entry: Path) -> tuple[np.ndarray, dict[str, np.ndarray]] |
         dim = features_MD.shape[-1] if features_MD.ndim == 2 else -1
         if dim < 1 or mu_D.shape != (dim,) or sigma_DD.shape != (dim, dim) or features_MD.dtype.kind != "f":
             raise ValueError(f"features {features_MD.shape}, mu {mu_D.shape}, sigma {sigma_DD.shape}")
+        if not all(np.isfinite(array).all() for array in (features_MD, mu_D, sigma_DD)):
+            raise ValueError("NaN or inf values")
     except Exception as err:  # whatever a cut or foreign file makes the reader raise: compute again
         log.warning("cached reference statistics %s are damaged (%s): computing them again", entry, err)
         return None
