@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -155,3 +159,63 @@ def test_fork_server_workers_plan_what_one_process_plans(monkeypatch: pytest.Mon
     monkeypatch.setattr(planner, "TraceWorkers", Recorded)
     assert plan(recipe, PlanRequest(device="cpu", gpu=gpu, workers=2)) == alone
     assert methods == ["forkserver"]
+
+
+def test_a_worker_that_dies_is_an_error_and_close_never_waits_on_it() -> None:
+    """A worker killed mid-trace (the OOM killer, a signal) is one error from `take`; `close` kills the others and
+    returns at once (multiprocessing.Pool's terminate waited forever on a lock a killed idle worker held)."""
+    recipe = _recipe(ToyRecipe, batch_size=256)
+    jobs = [TraceJob(m, 1, recipe.config.precision, checkpointing=False, count_flops=False) for m in (64, 128, 256)]
+    workers = TraceWorkers(recipe, "cpu", jobs, workers=2)
+    try:
+        (process, _), _ = workers._running.values()
+        os.kill(process.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match=r"planner worker tracing .* died \(exit code -9\)"):
+            workers.take(jobs[0])
+        assert breakdown(workers.take(jobs[2])) == breakdown(
+            trace_training(recipe, device="cpu", micro_batch=256, grad_accumulation=1)
+        )
+    finally:
+        started = time.monotonic()
+        workers.close()
+        assert time.monotonic() - started < 10
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_to_the_whole_process_group_ends_a_plan(tmp_path: Path, python: str, run_env: dict[str, str]) -> None:
+    """`timeout`, batch schedulers and `docker stop` signal every process of the group: planner and workers alike.
+    The plan ends with its one line (143) or, where it finished first, 0; it never hangs."""
+    command = [python, "-m", "trainlab", "plan", "var", "--config", "var_d16", "--gpu", "all"]  # ~10 s on 2 cores
+    plan_process = subprocess.Popen(
+        command, env=run_env, cwd=tmp_path, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert plan_process.stderr is not None
+    for line in plan_process.stderr:
+        if "worker processes at once" in line:
+            break
+    time.sleep(0.5)
+    os.killpg(plan_process.pid, signal.SIGTERM)
+    try:
+        rest = plan_process.stderr.read()
+        code = plan_process.wait(timeout=60)
+    finally:
+        if plan_process.poll() is None:
+            os.killpg(plan_process.pid, signal.SIGKILL)
+    assert code in (0, 143), rest[-2000:]
+    if code == 143:
+        assert rest.strip().splitlines()[-1] == "trainlab plan: terminated (SIGTERM)", rest[-2000:]
+
+
+def test_close_returns_when_every_worker_was_killed_between_traces() -> None:
+    """The process group's SIGTERM reaches the workers too, between two traces as well as during one: `close` (run
+    by the planner as it unwinds) must not wait on anything a killed worker held."""
+    recipe = _recipe(ToyRecipe, batch_size=256)
+    job = TraceJob(64, 1, recipe.config.precision, checkpointing=False, count_flops=False)
+    workers = TraceWorkers(recipe, "cpu", [job], workers=1)
+    workers.take(job)
+    for child in multiprocessing.active_children():
+        os.kill(child.pid, signal.SIGTERM)
+    closer = threading.Thread(target=workers.close, daemon=True)
+    closer.start()
+    closer.join(timeout=20)
+    assert not closer.is_alive()

@@ -26,7 +26,8 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.pool import AsyncResult, Pool
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
@@ -146,7 +147,13 @@ def _run_sent(
 
 
 class TraceWorkers:
-    """Start `jobs` in `workers` processes; `take(job)` waits for one (raising what its trace raised)."""
+    """Start `jobs` in at most `workers` processes at once; `take(job)` waits for one (raising what its trace raised).
+
+    One process per job, each with a pipe of its own for its result, started in the jobs' order as slots free up
+    (while the planner waits in `take`). Not `multiprocessing.Pool`: its idle workers wait for the next task holding
+    the shared task queue's lock, so a worker killed there (a SIGTERM to the whole process group: `timeout`, a batch
+    scheduler, `docker stop`) leaves the lock held and `Pool.terminate` waits for it forever. Here nothing is shared:
+    `close` kills what still runs."""
 
     def __init__(
         self,
@@ -157,43 +164,102 @@ class TraceWorkers:
         forks: bool | None = None,
     ) -> None:
         """`forks`: whether the workers may be forked from this process (None: `fork_runs_autograd` tells)."""
-        self._pool: Pool | None = None
         self.start_method = ""  # "fork" or "forkserver" once started; "" when tracing in this process
-        self._pending: dict[TraceJob, AsyncResult[tuple[TracedRun, list[MessageKey]]]] = {}
-        sent = (type(recipe), recipe.config)
+        self._waiting: list[TraceJob] = []  # not started yet, in order
+        self._running: dict[TraceJob, tuple[BaseProcess, Connection]] = {}
+        self._finished: dict[TraceJob, tuple[bool, Any]] = {}
+        self._workers = max(1, min(workers, len(jobs)))
+        self._sent = (type(recipe), recipe.config, device)
         try:
-            pickle.dumps(sent)
+            pickle.dumps(self._sent)
         except (pickle.PicklingError, AttributeError, TypeError) as err:
             log.info("tracing in this process: the recipe cannot be sent to a worker (%s)", err)
             return
-        processes = min(workers, len(jobs))
         if fork_runs_autograd() if forks is None else forks:
             self.start_method = "fork"
-            self._pool = multiprocessing.get_context("fork").Pool(processes, initializer=_forked_worker)
+            self._context: Any = multiprocessing.get_context("fork")
         else:
             self.start_method = "forkserver"
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload([__name__, type(recipe).__module__])  # imported once, before the forks
-            self._pool = context.Pool(processes)
-        log.debug("trace workers: %d, started by %s", processes, self.start_method)
-        self._pending = {job: self._pool.apply_async(_run_sent, (*sent, device, job)) for job in jobs}
+            self._context = multiprocessing.get_context("forkserver")
+            self._context.set_forkserver_preload([__name__, type(recipe).__module__])  # imported once, before forks
+        log.debug("trace workers: %d, started by %s", self._workers, self.start_method)
+        self._waiting = list(dict.fromkeys(jobs))
+        self._start_waiting()
 
     def has(self, job: TraceJob) -> bool:
-        return job in self._pending
+        return job in self._finished or job in self._running or job in self._waiting
 
     def started(self) -> list[TraceJob]:
         """The jobs not taken yet."""
-        return list(self._pending)
+        return [*self._finished, *self._running, *self._waiting]
 
     def take(self, job: TraceJob) -> TracedRun:
-        run, logged = self._pending.pop(job).get()
+        if not self.has(job):
+            raise KeyError(f"{job} was not started")
+        while job not in self._finished:
+            self._start_waiting()
+            self._collect(wait([reader for _, reader in self._running.values()]))
+        ok, value = self._finished.pop(job)
+        self._start_waiting()
+        if not ok:
+            raise value
+        run, logged = value
         emitted_elsewhere(logged)
         return run
 
     def close(self) -> None:
         """Stop the workers (a trace still running is abandoned)."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
-        self._pending.clear()
+        for process, reader in self._running.values():
+            process.kill()
+            process.join()
+            reader.close()
+        self._running.clear()
+        self._waiting.clear()
+        self._finished.clear()
+
+    def _start_waiting(self) -> None:
+        while self._waiting and len(self._running) < self._workers:
+            job = self._waiting.pop(0)
+            reader, writer = self._context.Pipe(duplex=False)
+            forked = self.start_method == "fork"
+            process = self._context.Process(target=_worker, args=(writer, *self._sent, job, forked), daemon=True)
+            process.start()
+            writer.close()  # the child's copy is its own: end of file here once it exits
+            self._running[job] = (process, reader)
+
+    def _collect(self, ready: list[Any]) -> None:
+        """Read the result of each job whose pipe is readable (a result, or end of file: the worker died)."""
+        for job, (process, reader) in list(self._running.items()):
+            if reader not in ready:
+                continue
+            try:
+                self._finished[job] = reader.recv()
+            except EOFError:  # killed (the OOM killer, a signal) before it could answer
+                process.join()
+                died = RuntimeError(f"a planner worker tracing {job} died (exit code {process.exitcode})")
+                self._finished[job] = (False, died)
+            reader.close()
+            process.join()
+            del self._running[job]
+
+
+def _worker(
+    writer: Connection,
+    recipe_class: type[Recipe[Any]],
+    config: Any,
+    device: PlanDevice,
+    job: TraceJob,
+    forked: bool,
+) -> None:
+    """A worker process: trace one job and send (True, (run, logged)) or (False, the exception) through `writer`."""
+    if forked:
+        _forked_worker()
+    try:
+        answer: tuple[bool, Any] = (True, _run_sent(recipe_class, config, device, job))
+    except Exception as err:  # raised again in the planner, as a trace in its own process would raise it
+        answer = (False, err)
+    try:
+        writer.send(answer)
+    except Exception as err:  # an exception that does not pickle: its type and text
+        writer.send((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]} ({err})")))
+    writer.close()
