@@ -9,6 +9,7 @@ import pytest
 
 from trainlab.cli import main
 from trainlab.memory.gpus import GPU_PROFILES
+from trainlab.memory.planner import divisors
 
 TOY = ["toy", "--num-samples", "64", "--batch-size", "32"]
 
@@ -104,6 +105,8 @@ def test_a_stored_data_rate_gives_the_cores(capsys: pytest.CaptureFixture[str], 
         (["--gpu", "48GiB", "--price", "48GiB=2"], "by name"),
         (["--dataset-size", "-5"], "--dataset-size"),
         (["--gpu", "all", "--device", "cpu"], "--gpu plans for a CUDA device"),
+        (["--batch-size", "128"], "dataset has 64 samples, fewer than one batch of 128; lower --batch-size"),
+        (["--dataset-size", "16"], "fewer than one batch of 32; lower --batch-size or raise --dataset-size"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,3 +127,14 @@ def test_the_printed_data_command_runs_as_shown(tmp_path: Path, monkeypatch: pyt
     )
     monkeypatch.setenv("TRAINLAB_CACHE", str(Path.home() / ".cache" / "trainlab"))
     assert measure_data_command("toy").endswith("--json > ~/.cache/trainlab/bench_data/toy.json")
+
+
+def test_divisors_are_those_of_a_scan_and_a_huge_batch_plans_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan's accumulation and GPU-count searches run over the batch's divisors: found from its prime factors
+    (a batch of 2**40 took hours when 1..batch was scanned)."""
+    for n in range(1, 1500):
+        assert divisors(n) == [k for k in range(1, n + 1) if n % k == 0], n
+    assert divisors(2**40) == [2**e for e in range(41)] and divisors(2**31 - 1) == [1, 2**31 - 1]
+    big = ["toy", "--num-samples", str(2**40), "--batch-size", str(2**40), "--gpu", "H100-80GB", "--json"]
+    assert main(["plan", *big]) == 0
+    assert json.loads(capsys.readouterr().out)["max_micro_batch"] > 0

@@ -426,6 +426,12 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
     if request.gpus < 1:
         raise UsageError(f"--gpus must be >= 1, got {request.gpus}")
     micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, request.gpus)
+    dataset_size = request.dataset_size if request.dataset_size is not None else known_dataset_size(cfg)
+    if dataset_size is not None and dataset_size < cfg.batch_size:  # what the run itself would refuse
+        raise UsageError(
+            f"dataset has {dataset_size} samples, fewer than one batch of {cfg.batch_size}; lower --batch-size"
+            + (" or raise --dataset-size" if request.dataset_size is not None else "")
+        )
     searching = request.gpu is not None and request.search
     if request.workers > 1 and (searching or request.candidates):
         jobs = _known_jobs(cfg, micro, searching, tracer.copies)
@@ -473,7 +479,7 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
         flops=tracer.flops[(micro, cfg.grad_accumulation)],
         family=recipe.model_family(),
         compute=compute_name(cfg.precision),
-        dataset_size=request.dataset_size if request.dataset_size is not None else known_dataset_size(cfg),
+        dataset_size=dataset_size,
         data_rate=stored_data_rate(recipe.name),
         epochs=cfg.epochs,
         max_steps=cfg.max_steps,
@@ -598,7 +604,7 @@ def _smallest_fitting_accumulation(
     micro-batch), bisected over those divisors only: every row of the table evaluates micro-batches from the same few,
     so the GPUs and counts share their traces' replays. Micro-batch 1 (traced for real, not fitted; refused by
     BatchNorm where `smallest()` says 2) is tried only where no larger one fits."""
-    ks = [k for k in range(1, per_gpu + 1) if per_gpu % k == 0 and per_gpu // k >= EVERY_MODEL_TRAINS_ON]
+    ks = [k for k in divisors(per_gpu) if per_gpu // k >= EVERY_MODEL_TRAINS_ON]
 
     def fits(k: int) -> bool:
         return at(per_gpu // k, 1 if k == 1 else 2) <= capacity
@@ -623,7 +629,7 @@ def gpus_needed(
     overheads of n processes (NCCL, DDP buckets); None when none up to the batch size does."""
     if not max_micro_batch:
         return None  # the model states alone do not fit: DDP replicates them on every GPU
-    counts = [n for n in range(1, batch + 1) if batch % n == 0 and batch // n <= 2 * max_micro_batch]
+    counts = [n for n in divisors(batch) if batch // n <= 2 * max_micro_batch]
     for n in counts:
         if _totals(tracer, device, gpu, n)(batch // n, 1) <= gpu.total_bytes:
             return n
@@ -656,13 +662,29 @@ def _cost(
     )
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n >= 1, ascending, from its prime factors (trial division up to the square root of what is
+    left: a batch of 2**40 has 41 divisors, found in microseconds, where scanning 1..n would take hours)."""
+    factors: dict[int, int] = {}
+    rest, p = n, 2
+    while p * p <= rest:
+        while rest % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            rest //= p
+        p += 1 if p == 2 else 2
+    if rest > 1:
+        factors[rest] = factors.get(rest, 0) + 1
+    found = [1]
+    for prime, power in factors.items():
+        found = [d * prime**e for d in found for e in range(power + 1)]
+    return sorted(found)
+
+
 def smallest_accumulation(per_gpu_batch: int, max_micro_batch: int) -> int:
     """The smallest k that divides the per-GPU batch with a micro-batch per_gpu_batch / k <= max_micro_batch."""
     if max_micro_batch < 1:
         raise ValueError("no micro-batch fits")
-    return next(
-        k for k in range(1, per_gpu_batch + 1) if per_gpu_batch % k == 0 and per_gpu_batch // k <= max_micro_batch
-    )
+    return next(k for k in divisors(per_gpu_batch) if per_gpu_batch // k <= max_micro_batch)
 
 
 @dataclass(frozen=True)
