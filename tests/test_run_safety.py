@@ -216,6 +216,10 @@ def _damage(state: dict[str, Any], how: str) -> None:
         "NaN weight": lambda: state["models"]["model"]["0.weight"].fill_(math.nan),
         "missing optimizers": lambda: state.pop("optimizers"),
         "unknown optimizer parameter": lambda: state["optimizers"]["main"]["state"].update({99: {}}),
+        "momentum a number": lambda: first.update(momentum_buffer=torch.tensor(0.5)),
+        "momentum a string": lambda: first.update(momentum_buffer="0"),
+        "momentum of integers": lambda: first.update(momentum_buffer=first["momentum_buffer"].long()),
+        "best_score of 400 digits": lambda: state.update(best_score=10**400),
     }
     changes[how]()
 
@@ -236,6 +240,10 @@ DAMAGES = [
     "NaN weight",
     "missing optimizers",
     "unknown optimizer parameter",
+    "momentum a number",
+    "momentum a string",
+    "momentum of integers",
+    "best_score of 400 digits",
 ]
 
 
@@ -588,3 +596,20 @@ def test_a_run_directory_removed_mid_run_is_named(tmp_path: Path, python: str, r
         "there any more): step 16 is not saved; the checkpoints saved before went with the folder"
     )
     assert not (run / "ckpt").exists()  # no new, partial run directory with a checkpoint in it
+
+
+def test_hyperparameters_edited_into_the_optimizer_state_are_not_used(
+    good_checkpoint: dict[str, Any], tmp_path: Path
+) -> None:
+    """The run's config was checked against the checkpoint's: the optimizer's hyperparameters are this run's, not
+    values edited into the file's param groups (a `maximize` or a weight decay of 10 would train on silently)."""
+    state = copy.deepcopy(good_checkpoint)
+    for group in state["optimizers"]["main"]["param_groups"]:
+        group.update(maximize=True, weight_decay=10.0, momentum=0.5)
+    torch.save(state, tmp_path / "edited.pt")
+    trainer = Trainer(ToyRecipe(_config(tmp_path / "run", max_steps=6, resume=str(tmp_path / "edited.pt"))))
+    fresh = Trainer(ToyRecipe(_config(tmp_path / "fresh", max_steps=6)))
+    for resumed, live in zip(trainer.phases[0].optimizer.param_groups, fresh.phases[0].optimizer.param_groups):
+        assert {k: v for k, v in resumed.items() if k not in ("params", "lr")} == {
+            k: v for k, v in live.items() if k not in ("params", "lr")
+        }

@@ -180,7 +180,14 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """An int or float that converts to a float (an int of 400 digits does not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _mapping(state: Mapping[str, Any], key: str, path: Path) -> Mapping[str, Any]:
@@ -200,7 +207,7 @@ def check_structure(state: Mapping[str, Any], path: Path) -> None:
         if not _is_int(state.get(key)) or state[key] < 0:
             raise _damaged(path, f"{key!r} is {state.get(key)!r}, not a count")
     if state.get("best_score") is not None and not _is_number(state["best_score"]):
-        raise _damaged(path, f"'best_score' is {state['best_score']!r}, not a number")
+        raise _damaged(path, f"'best_score' is {state['best_score']!r:.40}, not a number")
     if state.get("best_step") is not None and not (_is_int(state["best_step"]) and state["best_step"] >= 0):
         raise _damaged(path, f"'best_step' is {state['best_step']!r}, not a step")
     if not isinstance(state.get("eval_pending", False), bool):
@@ -325,7 +332,13 @@ def _check_optimizer_state(saved: Mapping[str, Any], optimizer: torch.optim.Opti
         if param is None or not isinstance(entry, Mapping):
             raise _damaged(path, f"optimizer {name!r} holds state for an unknown parameter {pid!r}")
         for key, value in entry.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+            if value is None or (key == "step" and _is_number(value)):  # SGD without momentum; a step count
+                continue
+            if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or key == "step"):
+                what = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+                raise _damaged(path, f"optimizer {name!r} state {key!r} of a parameter is {what}, not numbers")
+            # a step count is one number; every other state (moments, momentum) has the parameter's shape
+            if (value.dim() > 0 or key != "step") and value.shape != param.shape:
                 raise _damaged(
                     path,
                     f"optimizer {name!r} state {key!r} of a parameter has shape {tuple(value.shape)}, the parameter "
@@ -545,10 +558,12 @@ def restore(state: dict[str, Any], path: Path, recipe: Recipe[Any], run: Assembl
                     f"checkpoint {path} does not fit averaged model {name!r} ({first_line(err)})"
                 ) from None
         for phase in run.parts.phases:
-            peaks = [group["peak_lr"] for group in phase.optimizer.param_groups]
+            live = [{k: v for k, v in group.items() if k != "params"} for group in phase.optimizer.param_groups]
             load_optimizer_state(phase.optimizer, state["optimizers"][phase.name])
-            for group, peak in zip(phase.optimizer.param_groups, peaks):
-                group["peak_lr"] = peak  # the schedule applies this run's peak from the checkpoint's step on
+            for group, hyperparameters in zip(phase.optimizer.param_groups, live):
+                # this run's hyperparameters (its config was checked against the checkpoint's; a value edited into
+                # the file's groups is not used): the schedule sets lr and weight decay from the checkpoint's step on
+                group.update(hyperparameters)
             run.scalers[phase.name].load_state_dict(state["scalers"][phase.name])
             run.schedulers[phase.name].load_state_dict(state["schedulers"][phase.name])
         progress = Progress.from_state(state)
