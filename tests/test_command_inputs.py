@@ -65,6 +65,11 @@ def test_output_paths_are_checked_for_kind_and_writability(tmp_path: Path, monke
         check_output_path("--out", tmp_path / "afile" / "grid.png", is_dir=False)
     with pytest.raises(UsageError, match=r"is a directory; pass a file path"):
         check_output_path("--out", tmp_path, is_dir=False)
+    os.mkfifo(tmp_path / "fifo.pt")  # opening it to write would wait for a reader forever
+    with pytest.raises(UsageError, match=r"--save-tokens .*fifo\.pt is a FIFO, not a regular file; pass a file"):
+        check_output_path("--save-tokens", tmp_path / "fifo.pt", is_dir=False)
+    with pytest.raises(UsageError, match=r"/dev/full is not a regular file \(a device\?\)"):
+        check_output_path("--save-tokens", "/dev/full", is_dir=False)  # every write fails: refused before sampling
 
     def read_only(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.EROFS, "Read-only file system")

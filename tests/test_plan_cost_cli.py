@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,27 @@ def test_a_stored_data_rate_gives_the_cores(capsys: pytest.CaptureFixture[str], 
     assert main(["plan", *TOY, "--gpu", "H100-80GB", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["data_cores_needed"] == pytest.approx(out["samples_per_second"] / 1000.0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("what", ["fifo", "device", "nan", "tiny"])
+def test_a_store_that_is_no_store_is_nothing_stored(
+    what: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The cache's stores (measured efficiencies, data rates) are read as small regular files: a FIFO in their place
+    hung the plan, /dev/zero filled its memory; a NaN or 1e-300 rate printed NaN / Infinity into the JSON."""
+    stores = [tmp_path / "cache" / "efficiency.json", tmp_path / "cache" / "bench_data" / "toy.json"]
+    for store in stores:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        if what == "fifo":
+            os.mkfifo(store)
+        elif what == "device":
+            store.symlink_to("/dev/zero")
+        else:
+            store.write_text('{"samples_per_second_per_core": ' + ("NaN" if what == "nan" else "1e-300") + "}")
+    assert main(["plan", *TOY, "--gpu", "H100-80GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert out["data_cores_needed"] is None and out["efficiency_source"] == "assumed"
 
 
 @pytest.mark.parametrize(

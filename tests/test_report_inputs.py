@@ -279,3 +279,17 @@ def test_undecodable_names_are_drawn_escaped(tmp_path: Path, monkeypatch: pytest
     texts = [text.get_text() for text in figures["loss.png"].findobj(lambda artist: hasattr(artist, "get_text"))]
     assert any("r\\xff" in text for text in texts) and any("g\\ud800/loss" in text for text in texts), texts
     assert (tmp_path / "out" / "loss.png").stat().st_size > 0
+
+
+@pytest.mark.timeout(60)
+def test_report_files_replace_what_is_in_their_place(tmp_path: Path) -> None:
+    """results.md, results.csv and the plots are written beside their names and renamed onto them: a FIFO of that
+    name is replaced instead of opened (which waited for a reader forever), and a reader never sees half a file."""
+    run = _run(tmp_path / "run")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("results.md", "results.csv", "loss.png"):
+        os.mkfifo(out / name)
+    assert main(["report", str(run), "--out-dir", str(out)]) == 0
+    assert all((out / name).is_file() and (out / name).stat().st_size > 0 for name in ("results.md", "loss.png"))
+    assert not list(out.glob(".*.tmp"))

@@ -95,6 +95,8 @@ def check_output_path(flag: str, path: str | os.PathLike[str], *, is_dir: bool) 
     if path.exists() and path.is_dir() != is_dir:
         kind = "a directory" if path.is_dir() else "a file"
         raise UsageError(f"{flag} {path} is {kind}; pass {wanted}")
+    if path.exists() and not is_dir and not path.is_file():  # a FIFO would block the write, a device swallow it
+        raise UsageError(f"{flag} {path} {missing_file(path)}; pass {wanted} (a regular file or a new name)")
     existing = path if is_dir else path.parent
     while not existing.exists() and existing != existing.parent:
         if existing.is_symlink():  # a dangling link: creating the folder would fail

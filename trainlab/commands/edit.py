@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from trainlab.commands.sample import TOKENIZER_MODEL, _save_grid, check_tokenizer_matches, load_var_pair
-    from trainlab.engine.checkpoint import weights_in_checkpoint
+    from trainlab.engine.checkpoint import atomic_save, weights_in_checkpoint
     from trainlab.engine.device import resolve_device
     from trainlab.models.var.convert import read_state_dict
     from trainlab.models.var.edit import edit_tokens, encode_tokens, kept_token_maps
@@ -293,6 +293,6 @@ def main(argv: list[str]) -> int:
     if config.save_tokens is not None:
         per_scale = [torch.cat(scale) for scale in zip(*tokens)]
         config.save_tokens.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(per_scale, config.save_tokens)
+        atomic_save(per_scale, config.save_tokens, fix="free disk space or pass another --save-tokens")
         print(f"wrote {config.save_tokens} ({len(per_scale)} scales of int64 (N, pn, pn), N={config.num_results})")
     return 0

@@ -297,6 +297,7 @@ def main(argv: list[str]) -> int:
     import torch
     from tqdm import tqdm
 
+    from trainlab.engine.checkpoint import atomic_save
     from trainlab.models.var.sample import generate
 
     timer.lap("startup")
@@ -363,7 +364,7 @@ def main(argv: list[str]) -> int:
     if config.save_tokens is not None:
         tokens = [torch.cat(per_scale) for per_scale in zip(*token_parts)]
         config.save_tokens.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(tokens, config.save_tokens)
+        atomic_save(tokens, config.save_tokens, fix="free disk space or pass another --save-tokens")
         print(f"wrote {config.save_tokens} ({len(tokens)} scales of int64 (N, pn, pn), N={len(labels)})")
     if out_dir is not None:
         npz = out_dir / "samples.npz"

@@ -214,8 +214,12 @@ def write_failure(err: BaseException, directory: Path, needed: int) -> str | Non
     return None
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: Any, path: Path, *, fix: str | None = None) -> None:
     """`torch.save` to a temp file in the same directory, fsync it, then `os.replace` onto `path`.
+
+    Args:
+        fix: the end of the error message (default: a checkpoint's: the previous one is intact, free disk space or
+            pass another --run-dir).
 
     Raises:
         UsageError: the disk is full or not writable (the previous file at `path` is untouched).
@@ -224,7 +228,7 @@ def atomic_save(obj: Any, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
-        raise _write_error(path, os.strerror(err.errno) if err.errno else str(err)) from None
+        raise _write_error(path, os.strerror(err.errno) if err.errno else str(err), fix) from None
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -236,15 +240,13 @@ def atomic_save(obj: Any, path: Path) -> None:
         Path(tmp_name).unlink(missing_ok=True)
         reason = write_failure(err, path.parent, _bytes_of(obj)) if isinstance(err, Exception) else None
         if reason is not None:
-            raise _write_error(path, reason) from None
+            raise _write_error(path, reason, fix) from None
         raise
 
 
-def _write_error(path: Path, reason: str) -> UsageError:
-    return UsageError(
-        f"could not write {path} ({reason[:160]}); the previous checkpoint is intact: free disk space or pass "
-        "another --run-dir, then resume"
-    )
+def _write_error(path: Path, reason: str, fix: str | None = None) -> UsageError:
+    fix = fix or "the previous checkpoint is intact: free disk space or pass another --run-dir, then resume"
+    return UsageError(f"could not write {path} ({reason[:160]}); {fix}")
 
 
 def atomic_copy(src: Path, dst: Path) -> None:

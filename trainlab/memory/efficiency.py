@@ -16,6 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainlab.small_files import read_small_text
+
 # Assumed MFU per recipe family, with the reasoning (no measurement behind these numbers):
 ASSUMED: dict[str, float] = {
     # large transformer blocks (VAR d16+, ViT-B+): big GEMMs; published well-tuned bf16 training reaches 0.4-0.5,
@@ -29,6 +31,7 @@ ASSUMED: dict[str, float] = {
     "small-convnet": 0.10,
 }
 DEFAULT_FAMILY = "convnet"
+
 
 # Measured with `trainlab plan RECIPE --measure` (the recipe's real step, traced FLOPs over the dense data-sheet peak)
 # and shipped as the default for the GPUs of that chip (the H200 has the H100's compute: the same SMs and peaks, with
@@ -81,7 +84,7 @@ def _store_path() -> Path:
 def _read_store() -> dict[str, dict[str, object]]:
     path = _store_path()
     try:
-        stored = json.loads(path.read_text())
+        stored = json.loads(read_small_text(path))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError):

@@ -13,6 +13,7 @@ given (`--price NAME=USD_PER_HOUR`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from trainlab.memory.efficiency import Efficiency, cache_folder, efficiency_for
 from trainlab.memory.flop_counter import StepFlops
 from trainlab.memory.flops import estimate_step_seconds
 from trainlab.memory.gpus import GpuProfile, gpu_profile
+from trainlab.small_files import read_small_text
 
 
 @dataclass(frozen=True)
@@ -120,11 +122,11 @@ def stored_data_rate(recipe: str) -> DataRate | None:
     None when nothing (readable) is stored."""
     path = data_rate_path(recipe)
     try:
-        stored = json.loads(path.read_text())
+        stored = json.loads(read_small_text(path))
     except (OSError, ValueError):
         return None
     rate = stored.get("samples_per_second_per_core") if isinstance(stored, dict) else None
-    if not isinstance(rate, (int, float)) or rate <= 0:
+    if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 1e-6:  # NaN or 1e-300: no rate
         return None
     return DataRate(float(rate), path)
 

@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError, printable
 from trainlab.report.runs import RunData, is_number, latest_rows, load_run
-from trainlab.report.tables import MIB, mean_std, timing_note
+from trainlab.report.tables import MIB, mean_std, replaced_when_written, timing_note
 
 DPI = 120
 MARKERS_UP_TO = 60  # curves with at most this many points show each point (a 1-point "line" is otherwise invisible)
@@ -45,7 +45,8 @@ def _save(fig: Figure, out_dir: Path, name: str) -> Path:
     path = out_dir / name
     for text in fig.findobj(Text):  # a folder name's undecodable bytes cannot be drawn: shown as \xff instead
         text.set_text(printable(text.get_text()))
-    fig.savefig(path, dpi=DPI)
+    with replaced_when_written(path) as tmp:
+        fig.savefig(tmp, dpi=DPI, format="png")
     return path
 
 

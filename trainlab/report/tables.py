@@ -6,7 +6,9 @@ Rows come from `trainlab.report.runs.summarize_run`; accuracies are fractions th
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,19 @@ def _timed_note(group: list[dict[str, Any]], cell: str) -> str:
     n = str(timed[0]) if len(timed) == 1 else f"{timed[0]}-{timed[-1]}"
     first = " incl. the first" if any(r.get("first_epoch_timed") is True for r in group) else ""
     return f" (n={n} epoch{'' if timed == [1] else 's'}{first})"
+
+
+@contextmanager
+def replaced_when_written(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path` to write to; renamed onto `path` once written whole (a reader never sees half a
+    table, and whatever was at `path`, a FIFO included, is replaced instead of opened); removed on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_path: str | Path) -> None:
@@ -171,10 +186,9 @@ def write_results_table(rows: list[dict[str, Any]], md_path: str | Path, csv_pat
         f"{timing_note([r.get('first_epoch_timed') for r in rows])}); n = the number of epochs timed.",
     ]
     md_path, csv_path = Path(md_path), Path(csv_path)
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text("\n".join(md_lines) + "\n", encoding="utf-8")
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(csv_path, "w", newline="", encoding="utf-8") as f:
+    with replaced_when_written(md_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(md_lines) + "\n")
+    with replaced_when_written(csv_path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
         writer.writeheader()
         writer.writerows(csv_rows)
