@@ -223,6 +223,30 @@ def test_edit_refuses_nan_weights_in_one_line(
     assert "blocks.0.attn.proj.weight holds 1 NaN" in _one_error_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize(
+    ("flag", "target", "names"),
+    [
+        ("--out", "img.png", "--out .*img\\.png is the --image file"),
+        ("--save-tokens", "img.png", "--save-tokens .*img\\.png is the --image file"),
+        ("--save-tokens", "e.png", "--save-tokens .*e\\.png is the --out file"),
+        ("--out", "link.png", "--out .*link\\.png is the --image file"),  # a link to the image: the same file
+    ],
+)
+def test_edit_never_writes_over_its_input(
+    flag: str, target: str, names: str, var_pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vae, var = var_pair
+    Image.new("RGB", (16, 16), "white").save(tmp_path / "img.png")
+    (tmp_path / "link.png").symlink_to(tmp_path / "img.png")
+    before = (tmp_path / "img.png").read_bytes()
+    argv = ["edit", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--image", str(tmp_path / "img.png")]
+    argv += ["--box", "0", "8", "16", "16", "--num-results", "1", "--out", str(tmp_path / "e.png"), "--device", "cpu"]
+    argv += [flag, str(tmp_path / target)]  # the later flag wins
+    assert main(argv) == 2
+    assert re.search(names, _one_error_line(capsys.readouterr().err))
+    assert (tmp_path / "img.png").read_bytes() == before
+
+
 def test_sampler_stops_on_non_finite_logits_with_the_cause(var_pair: tuple[Path, Path]) -> None:
     vqvae, var = load_var_pair(*var_pair)
     labels = [1, 2]

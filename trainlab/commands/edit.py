@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -104,12 +105,25 @@ class EditConfig:
             raise UsageError(f"nothing marks the region to regenerate: pass --mask mask.png, --box x0 y0 x1 y1{hint}")
         if self.mode == "edit" and self.label is None:
             raise UsageError("--mode edit regenerates the masked region as a class: pass --class C")
-        for flag, path in (("--image", self.image), ("--mask", self.mask)):
+        inputs = [("--image", self.image), ("--mask", self.mask)]
+        for flag, path in inputs:
             if path is not None and not path.is_file():
                 raise UsageError(f"{flag} {path} {missing_file(path)}; pass an existing image file")
         _check_writable("--out", self.out, is_dir=False)
         if self.save_tokens is not None:
             _check_writable("--save-tokens", self.save_tokens, is_dir=False)
+        for out_flag, out in (("--out", self.out), ("--save-tokens", self.save_tokens)):
+            for other_flag, other in (*inputs, ("--out", self.out)):
+                if out is not None and other is not None and out_flag != other_flag and _same_file(out, other):
+                    raise UsageError(f"{out_flag} {out} is the {other_flag} file: writing destroys it; pass another")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (the same path, or links to one file); False where one does not exist."""
+    try:
+        return a.resolve() == b.resolve() or os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------------------------------------------ inputs
