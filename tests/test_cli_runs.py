@@ -240,3 +240,16 @@ def test_counts_of_thousands_of_digits_in_a_config_or_checkpoint_are_no_counts(
     assert main(["runs", str(tmp_path), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert sorted(Path(run["run_dir"]).name for run in listed) == ["huge_ckpt", "huge_config"]
+
+
+def test_a_diverged_run_or_a_damaged_command_still_lists_as_valid_json(
+    runs_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JSON has no NaN: a diverged run's loss is "nan", as metrics.jsonl stores it; a recorded command with an
+    unclosed quote (a damaged header) lists the run without a resume line."""
+    killed = runs_root / "killed" / "config.yaml"
+    killed.write_text(killed.read_text().replace("# command: trainlab train toy", "# command: trainlab train 'toy"))
+    assert main(["runs", str(runs_root), "--json"]) == 0
+    listed = {Path(run["run_dir"]).name: run for run in json.loads(capsys.readouterr().out, parse_constant=pytest.fail)}
+    assert listed["killed"]["loss"] == "nan" and listed["killed"]["command"] is None
+    assert listed["sigterm"]["command"] is not None

@@ -70,7 +70,8 @@ def test_a_compiled_run_is_planned_as_the_eager_step_and_says_so(capsys: pytest.
 
 
 def test_a_batch_no_tensor_can_hold_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "toy", "--batch-size", str(2**63 - 1), "--gpu", "H100-80GB"]) == 2
+    huge = str(2**63 - 1)
+    assert main(["plan", "toy", "--batch-size", huge, "--num-samples", huge, "--gpu", "H100-80GB"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs tensors larger than any device's address space" in err[0], err
 

@@ -17,13 +17,13 @@ preparation writes what it writes for training, e.g. the CIFAR-format files of k
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any
 
 from trainlab.commands.plan import take_options
 from trainlab.config import flags_help, option, parse
 from trainlab.errors import UsageError
+from trainlab.json_out import dumps_json
 from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
 USAGE = "usage: trainlab bench data RECIPE [--num-workers N] [--seconds S] [--json] [flags of `trainlab train RECIPE`]"
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     )
     result = _run_beside_its_run_dir(name, options, config)
     if options.json:
-        print(json.dumps(result, indent=2))
+        print(dumps_json(result, indent=2))
         return 0
     shapes = ", ".join(f"{k} {tuple(v)}" for k, v in result["sample_shapes"].items())
     print(

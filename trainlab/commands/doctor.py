@@ -17,7 +17,6 @@ Torch and the GPU probes are imported when the checks run: `--help` and a bad fl
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from trainlab.config import option, parse
 from trainlab.doctor import host
 from trainlab.doctor.report import Check, exit_code, render_json, render_text
 from trainlab.errors import UsageError, first_line
+from trainlab.json_out import dumps_json
 
 if TYPE_CHECKING:  # the version and GPU checks import torch: imported where the checks run
     from trainlab.doctor.versions import CudaIntent, DriverInfo
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> int:
         run = PlannedRun(config.device, config.run_dir, config.num_workers, config.nproc_per_node)
     checks = run_checks(run, config.data_root or run.data_root, config.data_sample)
     if config.json:
-        print(json.dumps(render_json(checks), indent=1, default=str))
+        print(dumps_json(render_json(checks), indent=1, default=str))
     else:
         print(render_text(checks))
     return exit_code(checks)

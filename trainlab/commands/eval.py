@@ -26,7 +26,6 @@ Each prints one JSON line.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -37,6 +36,7 @@ from trainlab.config import option, parse
 from trainlab.data.config import check_image_size, eval_limit_option
 from trainlab.engine.device import DEVICE_HELP
 from trainlab.errors import UsageError
+from trainlab.json_out import dumps_json
 from trainlab.models.backbones.vit import check_vit_image_size
 from trainlab.models.names import FORMER_MOCO_BACKBONES, MocoBackbone
 from trainlab.recipes.linear_probe import DEFAULT_IMAGE_SIZE, DEFAULT_KIND, ProbeData
@@ -130,7 +130,7 @@ def _knn(argv: list[str]) -> int:
         features, images, device=device, batch_size=c.batch_size, k=c.k, temperature=c.temperature, k_flag="--k"
     )
     print(
-        json.dumps(
+        dumps_json(
             {
                 "knn_accuracy": acc,
                 "features": source,
@@ -166,7 +166,7 @@ def _report_probe(recipe: Recipe[Any], result: FitResult) -> None:
             file=sys.stderr,
         )
     print(
-        json.dumps(
+        dumps_json(
             {
                 "final_test_accuracy": final,
                 "evaluated_after_epoch": result.last_eval_epoch,
@@ -245,7 +245,7 @@ def _fid(argv: list[str]) -> int:
         isc_splits=c.isc_splits,
         prc_neighborhood=c.prc_neighborhood,
     )
-    print(json.dumps({**dataclasses.asdict(report), "samples": str(c.samples), "reference": str(c.reference)}))
+    print(dumps_json({**dataclasses.asdict(report), "samples": str(c.samples), "reference": str(c.reference)}))
     return 0
 
 
@@ -259,7 +259,7 @@ def _judge(argv: list[str]) -> int:
     judge = load_judge(c.judge_weights, device=resolve_device(c.device))
     result = judged_accuracy(judge, read_image_set(c.samples, flag="--samples"))
     per_class = {str(k): {"images": n, "accuracy": acc} for k, (n, acc) in result.per_class.items()}
-    print(json.dumps({"judged_accuracy": result.accuracy, "images": result.num_images, "per_class": per_class}))
+    print(dumps_json({"judged_accuracy": result.accuracy, "images": result.num_images, "per_class": per_class}))
     return 0
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import sys
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainlab.config import flags_help, from_dict, option, parse
 from trainlab.errors import UsageError
+from trainlab.json_out import dumps_json
 from trainlab.memory.gpus import GPU_PROFILES, GpuProfile, gpu_profile
 from trainlab.recipes import check_recipe, get_recipe, list_recipes
 
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
         gc.unfreeze()
     hand = _hand(recipe, result)
     if options.json:
-        print(json.dumps(to_json(result, hand), indent=2))
+        print(dumps_json(to_json(result, hand), indent=2))
     else:
         print(render(result, hand))
         from trainlab.commands.plan_cost import render_time_and_cost

@@ -16,12 +16,12 @@ measured efficiency (MFU against the traced FLOPs the estimate uses) is stored f
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from trainlab.errors import UsageError
+from trainlab.json_out import dumps_json
 
 if TYPE_CHECKING:
     import torch
@@ -126,7 +126,7 @@ def measure_main(recipe: Recipe[Any], options: PlanOptions, recipe_flags: list[s
     data_seconds = data_seconds_per_step(measured, per_core)
     keys = measured_json(measured, estimate, _length(recipe, result.dataset_size), stored, data_seconds, num_workers)
     if options.json:
-        print(json.dumps({**to_json(result, _hand(recipe, result)), **keys}, indent=2))
+        print(dumps_json({**to_json(result, _hand(recipe, result)), **keys}, indent=2))
     else:
         print(render(result, _hand(recipe, result)))
         print(render_time_and_cost(result, config_flags(recipe_flags)))

@@ -25,7 +25,6 @@ Listing imports no torch and no recipe: a checkpoint's step and epoch are read f
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import shlex
@@ -37,6 +36,7 @@ from trainlab.config import FALSE_WORDS, TRUE_WORDS, option, parse
 from trainlab.engine.checkpoint_fields import UnreadableCheckpoint, read_fields
 from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError
+from trainlab.json_out import dumps_json
 from trainlab.report.runs import describing_metric, is_position
 
 
@@ -151,6 +151,15 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and is_position(value)
 
 
+def _resume_or_none(command: Any, run_dir: Path) -> str | None:
+    """`resume_command`, or None where the recorded command is no shell command (an unclosed quote: a damaged header,
+    listed without a resume line)."""
+    try:
+        return resume_command(str(command), run_dir)
+    except ValueError:
+        return None
+
+
 def run_state(run_dir: Path) -> RunState:
     """The state of one run directory (see the module docstring for the status rules)."""
     files = RunDir(run_dir)
@@ -197,7 +206,7 @@ def run_state(run_dir: Path) -> RunState:
         checkpoint_step=ckpt_step,
         updated=max([*mtimes, *([ckpt_mtime] if ckpt_mtime else [])], default=None),
         owner=owner,
-        command=resume_command(command, run_dir) if command and status in ("interrupted", "failed") else None,
+        command=_resume_or_none(command, run_dir) if command and status in ("interrupted", "failed") else None,
     )
 
 
@@ -252,7 +261,7 @@ def main(argv: list[str]) -> int:
     config = parse(RunsConfig, argv, prog="trainlab runs", epilog=__doc__ or "")
     states = [run_state(d.path) for d in RunDir.find(config.directory)]
     if config.json:
-        print(json.dumps([dataclasses.asdict(s) for s in states], indent=2))
+        print(dumps_json([dataclasses.asdict(s) for s in states], indent=2))
     elif not states:
         print(f"no run directories under {config.directory} (folders with metrics.jsonl or config.yaml)")
     else:
