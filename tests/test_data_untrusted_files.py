@@ -477,3 +477,11 @@ def test_a_downloaded_set_is_read_by_the_same_restricted_reader(
     with pytest.raises(UsageError, match="data_batch_1 holds something other than CIFAR-10 data"):
         load_cifar10(tmp_path / "data", train=True, download=True)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 0, 3), (4, 0, 16, 3), (0, 8, 8, 3)])
+def test_an_npz_of_empty_images_is_refused(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """Zero images, or images of zero width or height: one line, not an IndexError from the feature extractor."""
+    path = _npz(tmp_path / "empty.npz", False, arr_0=np.zeros(shape, dtype=np.uint8))
+    with pytest.raises(UsageError, match=r"arr_0 holds (no images|images of \d+x\d+ pixels)"):
+        read_image_set(path, flag="--samples")

@@ -161,6 +161,8 @@ def _read_npz(path: Path, flag: str) -> ImageSet:
         )
     if array_NHW3.shape[0] == 0:
         raise UsageError(f"{flag} {path}: arr_0 holds no images")
+    if 0 in array_NHW3.shape[1:3]:
+        raise UsageError(f"{flag} {path}: arr_0 holds images of {array_NHW3.shape[2]}x{array_NHW3.shape[1]} pixels")
     labels_N = None
     if "arr_1" in names:
         labels_N = np.asarray(read_npz_member(path, "arr_1", flag))
