@@ -91,3 +91,11 @@ def test_fp32_convolutions_on_cuda_name_the_cudnn_workspaces(capsys: pytest.Capt
         assert (CUDNN_FP32_NOTE in json.loads(capsys.readouterr().out)["notes"]) is said, extra
     assert main(["plan", *TOY, "--device", "cuda", "--json"]) == 0  # no convolution
     assert json.loads(capsys.readouterr().out)["notes"] == []
+
+
+def test_gb_is_decimal_and_gib_binary() -> None:
+    """Cards are sold in GB (10**9 bytes): planning a "48GB" card as 48 GiB overstated it by 7.4 %."""
+    from trainlab.memory.gpus import gpu_profile
+
+    assert gpu_profile("48GB").total_bytes == 48 * 10**9
+    assert gpu_profile("48GiB").total_bytes == gpu_profile("48G").total_bytes == gpu_profile("48").total_bytes == 48 * 2**30

@@ -182,7 +182,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G)?\s*$", re.IGNORECASE)
 
 
 def gpu_profile(spec: str) -> GpuProfile:
-    """A profile from a name in `GPU_PROFILES` (case-insensitive) or a size such as `48GiB` (sm80 constants).
+    """A profile from a name in `GPU_PROFILES` (case-insensitive) or a size such as `48GiB` (sm80 constants): GiB or G
+    are binary (2**30 bytes), GB decimal (10**9 bytes, the unit cards are sold in).
 
     Raises:
         UsageError: neither a known name nor a size; the message lists the known names.
@@ -192,5 +193,8 @@ def gpu_profile(spec: str) -> GpuProfile:
             return profile
     match = _SIZE.match(spec)
     if match and float(match.group(1)) > 0:
-        return GpuProfile(f"{match.group(1)} GiB GPU", int(float(match.group(1)) * GIB), (8, 0))
+        size, unit = match.group(1), (match.group(2) or "GiB")
+        if unit.lower() == "gb":  # decimal, as cards are sold: 48 GB is 44.7 GiB
+            return GpuProfile(f"{size} GB GPU", int(float(size) * 10**9), (8, 0))
+        return GpuProfile(f"{size} GiB GPU", int(float(size) * GIB), (8, 0))
     raise UsageError(f"unknown GPU {spec!r}; use a size such as 48GiB or one of: {', '.join(GPU_PROFILES)}")
