@@ -15,6 +15,7 @@ input InceptionV3 takes; about 16x less CPU time). Most tests use the 64-d featu
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -340,3 +341,14 @@ def test_bad_input_is_one_line_with_exit_code_2(
     small = _write_folder(tmp_path / "small", np.zeros((2, 8, 8, 3), dtype=np.uint8), labels=[1, 2])
     _fails(["eval", "judge", "--samples", str(small), *judge], capsys, "the judge takes 16x16")
     _fails(["eval", "nope"], capsys, "choose knn, linear-probe, fid or judge")
+
+
+def test_an_inception_weights_path_that_is_no_file_says_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO (or a folder) given as the weights is named as such, not as a file to download."""
+    samples = _write_folder(tmp_path / "samples", _images(2, seed=1))
+    os.mkfifo(tmp_path / "fifo.pth")
+    argv = ["eval", "fid", "--samples", str(samples), "--reference", str(samples), "--device", "cpu"]
+    assert main([*argv, "--inception-weights", str(tmp_path / "fifo.pth")]) == 2
+    assert "fifo.pth is a FIFO, not a regular file" in capsys.readouterr().err

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, missing_file
 from trainlab.evaluate.frechet import frechet_distance
 from trainlab.evaluate.image_sets import ImageSet, npz_members, read_npz_member
 from trainlab.evaluate.inception import load_inception
@@ -98,7 +98,7 @@ def load_metric_inception(path: Path | None, device: torch.device, *, feature_la
     if feature_layer not in FEATURE_LAYERS:
         raise UsageError(f"feature layer {feature_layer!r} is not one of {', '.join(FEATURE_LAYERS)}")
     if path is None or not path.is_file():
-        given = "no --inception-weights given" if path is None else f"--inception-weights {path} not found"
+        given = "no --inception-weights given" if path is None else f"--inception-weights {path} {missing_file(path)}"
         raise UsageError(
             f"{given}: download torch-fidelity's release asset {URL_INCEPTION_V3} (the pt_inception-2015-12-05 "
             "weights) and pass its path"
