@@ -288,6 +288,38 @@ def test_out_dir_rerun_regenerates_damaged_pngs_and_refuses_foreign_ones(
         sample_main(argv[1:])
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (["--seed", "1"], "seed: 0, now 1"),
+        (["--guidance", "3"], "guidance: 1.5, now 3.0"),
+        (["--var-weights", "OTHER"], "var_weights"),
+        (["--classes", "4"], "labels"),
+    ],
+)
+def test_an_out_dir_resumes_only_with_the_settings_of_its_images(
+    change: list[str], said: str, var_pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another seed, guidance, weights or class list would keep the old PNGs as the new set's (or leave stale ones
+    beyond it): refused, naming the setting; the folder's images stay as they were."""
+    vae, var = var_pair
+    other = export_official(VAR(VARConfig.debug()), tmp_path / "other.pth")
+    out = tmp_path / "samples"
+    argv = ["sample", "--tokenizer-weights", str(vae), "--var-weights", str(var), "--classes", "1", "2"]
+    argv += ["--out-dir", str(out), "--device", "cpu"]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.glob("*.png")}
+    capsys.readouterr()
+    assert main([*argv, *[str(other) if word == "OTHER" else word for word in change]]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "holds images sampled with other settings" in line and said in line, line
+    assert {p.name: p.read_bytes() for p in out.glob("*.png")} == before
+    assert main(argv) == 0  # the same settings resume (nothing left to sample)
+    (out / "sampling.json").unlink()  # a folder an earlier trainlab wrote: taken as it is, stale PNGs refused
+    assert main([*argv[:7], *argv[8:]]) == 2  # --classes 1: the PNG of class 2 is not this sampling's
+    assert "PNG(s) this sampling does not make (first: 000001_c0002.png)" in capsys.readouterr().err
+
+
 def test_outputs_that_cannot_fit_are_refused_before_sampling(
     var_pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

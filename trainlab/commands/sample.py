@@ -16,12 +16,15 @@ garbage images).
 the int64 class labels under `arr_1`, the layout of OpenAI's guided-diffusion evaluator); it is resumable: batches
 whose PNGs all exist and read back whole are skipped (unless --out or --save-tokens also need them); a truncated or
 otherwise unreadable PNG is logged and its batch sampled again; a PNG of another size than these weights make is
-refused before sampling (it comes from other weights: use another --out-dir).
+refused before sampling (it comes from other weights: use another --out-dir), and so are other settings than those
+recorded in the folder's sampling.json, and PNGs of labels this sampling does not make.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -319,6 +322,7 @@ def main(argv: list[str]) -> int:
     out_dir = config.out_dir
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
+        _claim_out_dir(out_dir, _sampling_settings(config, labels, device.type), names)
     may_skip = out_dir is not None and config.out is None and config.save_tokens is None
     damaged = _damaged_pngs(out_dir, names, vqvae.cfg.image_size) if may_skip and out_dir is not None else set()
     grid_parts: list[torch.Tensor] = []
@@ -377,6 +381,54 @@ def main(argv: list[str]) -> int:
         busy = timer.seconds.get("tokens", 0.0) + timer.seconds.get("decode", 0.0)
         log.info("%d images sampled and decoded: %.2f images/s", generated, generated / max(busy, 1e-9))
     return 0
+
+
+SETTINGS_FILE = "sampling.json"  # in --out-dir: what its PNGs were sampled with
+
+
+def _sampling_settings(config: SampleConfig, labels: list[int], device_type: str) -> dict[str, Any]:
+    """Everything an --out-dir's images depend on: the weights files (path, size, modification time), the sampling
+    arguments, the batch size (batch i uses seed + i), the device type (its generator) and the label list."""
+
+    def identity(path: Path) -> list[Any]:
+        info = path.stat()
+        return [str(path.resolve()), info.st_size, info.st_mtime_ns]
+
+    fields = ("seed", "guidance", "top_k", "top_p", "more_smooth", "fast_decode", "batch_size")
+    return {
+        "var_weights": identity(config.var_weights),
+        "tokenizer_weights": identity(config.tokenizer_weights),
+        **{name: getattr(config, name) for name in fields},
+        "device": device_type,
+        "labels": hashlib.sha256(json.dumps(labels).encode()).hexdigest()[:16],
+        "images": len(labels),
+    }
+
+
+def _claim_out_dir(out_dir: Path, settings: dict[str, Any], names: list[str]) -> None:
+    """Resume an --out-dir only with the settings its images were sampled with (`sampling.json`): other weights, seed,
+    guidance or classes would mix two sets under one name (kept PNGs of the old, stale ones beyond the new list).
+    A folder of PNGs without the file (written by an earlier trainlab) is taken as it is."""
+    path = out_dir / SETTINGS_FILE
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        recorded = None  # damaged: written again below
+    if isinstance(recorded, dict) and recorded != settings:
+        key = next(k for k in settings if recorded.get(k) != settings[k])
+        raise UsageError(
+            f"--out-dir {out_dir} holds images sampled with other settings ({key}: {recorded.get(key)!r}, now "
+            f"{settings[key]!r}); pass another --out-dir, or delete its PNGs and {SETTINGS_FILE} to start over"
+        )
+    stale = sorted(set(p.name for p in out_dir.glob("[0-9]*_c*.png")) - set(names))
+    if stale:
+        raise UsageError(
+            f"--out-dir {out_dir} holds {len(stale)} PNG(s) this sampling does not make (first: {stale[0]}): another "
+            "class list; pass another --out-dir, or delete them"
+        )
+    tmp = path.with_name(f".{SETTINGS_FILE}.tmp")
+    tmp.write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _damaged_pngs(out_dir: Path, names: list[str], side: int) -> set[str]:
