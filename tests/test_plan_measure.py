@@ -133,6 +133,16 @@ def test_measure_with_a_gpu_that_is_not_present_is_one_line(capsys: pytest.Captu
     assert main(["plan", *TOY, "--measure", "--gpu", "H100-80GB"]) == 2
     err = capsys.readouterr().err.strip()
     assert "runs on the device present" in err and "H100-80GB" in err and len(err.splitlines()) == 1
+    for several in ("all", "H100-80GB,A100-80GB"):  # valid plans without --measure, not one device to time
+        assert main(["plan", *TOY, "--measure", "--gpu", several]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"--measure times the one device present, --gpu {several} plans several" in err, err
+
+
+def test_grad_accumulation_auto_is_trains_and_said_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *TOY, "--grad-accumulation", "auto", "--gpu", "H100-80GB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--grad-accumulation auto is resolved by `trainlab train`" in err and len(err.splitlines()) == 1
 
 
 def test_measure_json_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ import gc
 import sys
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trainlab.config import flags_help, from_dict, option, parse
+from trainlab.config import Auto, flags_help, from_dict, option, parse
 from trainlab.errors import UsageError
 from trainlab.json_out import dumps_json
 from trainlab.memory.gpus import GPU_PROFILES, GpuProfile, gpu_profile
@@ -196,6 +196,16 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:,.2f} GiB"
 
 
+AUTO_IN_PLAN = "refused here: `trainlab train` resolves it on the device it runs on; this plan prints the number"
+
+
+def _auto_is_trains(config: Any) -> int:
+    raise UsageError(
+        "--grad-accumulation auto is resolved by `trainlab train` from the free memory of the device it runs on; "
+        "plan with --gpu NAME (or a size) and pass the accumulation the plan suggests, or plan a number"
+    )
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         raise UsageError(f"name a recipe: {', '.join(list_recipes())}; `trainlab plan --help` for the flags")
@@ -219,6 +229,7 @@ def main(argv: list[str]) -> int:
         prog=f"trainlab plan {name}",
         description=plan_help(name),
         usage=USAGE.removeprefix("usage: ").replace("RECIPE", name),
+        auto={"grad_accumulation": Auto(AUTO_IN_PLAN, _auto_is_trains)},
     )
     if options.measure:  # the real step on the device present, beside the plan
         from trainlab.commands.plan_measure import measure_main

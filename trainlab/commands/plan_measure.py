@@ -52,6 +52,11 @@ def present_device(name: str, gpu: str | None) -> tuple[torch.device, GpuProfile
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     present = profile_for_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if gpu is not None and (gpu.strip().lower() == "all" or "," in gpu):
+        raise UsageError(
+            f"--measure times the one device present, --gpu {gpu} plans several: drop --measure to compare GPUs, or "
+            "drop --gpu to measure here"
+        )
     if gpu is not None:
         wanted = gpu_profile(gpu)
         here = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU (the CPU)"
