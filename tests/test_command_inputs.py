@@ -104,6 +104,9 @@ def test_load_user_file_refuses_code_and_damage_in_one_line(tmp_path: Path) -> N
         load_user_file(tmp_path / "cut.pt", "checkpoint", fix="fix it")
     with pytest.raises(UsageError, match="is a directory"):
         load_user_file(tmp_path, "checkpoint", fix="fix it")
+    (tmp_path / "zip.safetensors").write_bytes((tmp_path / "ok.pt").read_bytes())  # a torch.save file, misnamed
+    with pytest.raises(UsageError, match=r"zip\.safetensors is a torch\.save file .*rename it to \.pth"):
+        load_user_file(tmp_path / "zip.safetensors", "checkpoint", fix="fix it")
     assert torch.equal(load_user_file(tmp_path / "ok.pt", "checkpoint", fix="")["w"], torch.zeros(3))
 
 

@@ -101,7 +101,19 @@ def load_user_file(path: str | os.PathLike[str], what: str, *, fix: str) -> Any:
         except RuntimeError:  # legacy (non-zip) files cannot be memory-mapped: read them whole
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # any failure to read is about the user's file: one line
+        if path.suffix == ".safetensors" and _starts_with(path, b"PK\x03\x04"):  # a torch.save zip, misnamed
+            raise UsageError(
+                f"{what} {path} is a torch.save file (a zip archive), not safetensors; rename it to .pth"
+            ) from None
         raise UsageError(f"cannot read {what} {path} ({load_error_reason(err)}); {fix}") from None
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 def hollow_tensor(obj: Any, prefix: str = "") -> tuple[str, str] | None:
