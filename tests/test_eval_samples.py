@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 
 from trainlab.cli import main
+from trainlab.errors import UsageError
 from trainlab.evaluate.frechet import feature_statistics, fid_from_features, frechet_distance
 from trainlab.evaluate.image_sets import read_image_set
 
@@ -352,3 +353,12 @@ def test_an_inception_weights_path_that_is_no_file_says_what_it_is(
     argv = ["eval", "fid", "--samples", str(samples), "--reference", str(samples), "--device", "cpu"]
     assert main([*argv, "--inception-weights", str(tmp_path / "fifo.pth")]) == 2
     assert "fifo.pth is a FIFO, not a regular file" in capsys.readouterr().err
+
+
+def test_a_folder_of_labelled_images_with_a_stray_unlabelled_one_names_it(tmp_path: Path) -> None:
+    from trainlab.evaluate.image_sets import read_image_set
+
+    folder = _write_folder(tmp_path / "samples", _images(3, seed=1), labels=[1, 2, 3])
+    Image.fromarray(_images(1, seed=2)[0]).save(folder / "extra.png")
+    with pytest.raises(UsageError, match=r"extra\.png has no class label in its name where the other images have"):
+        read_image_set(folder)

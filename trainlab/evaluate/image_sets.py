@@ -144,6 +144,12 @@ def _read_folder(folder: Path, flag: str) -> ImageSet:
             name = files[labels.index(max(labels))].name
             raise UsageError(f"{flag} {folder}: {name} names class {max(labels)}, which no model has; rename the file")
         labels_N = np.array(labels, dtype=np.int64)
+    elif any(matches):  # some named with a label, some not: a stray file, which unlabelled evaluation would count
+        stray = files[[m is None for m in matches].index(True)].name
+        raise UsageError(
+            f"{flag} {folder}: {stray} has no class label in its name where the other images have one "
+            "(NNNNNN_cCCCC.png); remove it or name it so"
+        )
     return ImageSet(folder, files, None, (height, width, 3), labels_N)
 
 
