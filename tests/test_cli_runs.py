@@ -253,3 +253,10 @@ def test_a_diverged_run_or_a_damaged_command_still_lists_as_valid_json(
     listed = {Path(run["run_dir"]).name: run for run in json.loads(capsys.readouterr().out, parse_constant=pytest.fail)}
     assert listed["killed"]["loss"] == "nan" and listed["killed"]["command"] is None
     assert listed["sigterm"]["command"] is not None
+
+
+def test_a_damaged_recipe_name_cannot_swamp_the_table(runs_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = runs_root / "done" / "config.yaml"
+    config.write_text(config.read_text().replace("# recipe: toy", "# recipe: " + "t" * 200_000))
+    assert main(["runs", str(runs_root)]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) < 300

@@ -235,6 +235,12 @@ def _age(updated: float | None, now: float) -> str:
     return f"{seconds:.0f}s ago"
 
 
+def _cell(text: str, width: int = 40) -> str:
+    """A table cell of text from a run's files, one line of at most `width` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def format_table(states: list[RunState], root: Path, now: float | None = None) -> str:
     """The human-readable table, then one resume command per interrupted or failed run."""
     now = time.time() if now is None else now
@@ -245,7 +251,8 @@ def format_table(states: list[RunState], root: Path, now: float | None = None) -
         step = "-" if s.step is None else f"{s.step}/{s.stop_step if s.stop_step is not None else '?'}"
         loss = "-" if s.loss is None else ("nan" if math.isnan(s.loss) else f"{s.loss:.4g}")
         status = s.status + (f" ({s.owner})" if s.owner else "")
-        rows.append([name, s.recipe or "?", status, step, loss, _eval_text(s), _age(s.updated, now)])
+        recipe = _cell(str(s.recipe)) if s.recipe else "?"  # read from the run's files: a damaged one is cut short
+        rows.append([name, recipe, status, step, loss, _cell(_eval_text(s)), _age(s.updated, now)])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     to_resume = [s for s in states if s.status in ("interrupted", "failed")]
