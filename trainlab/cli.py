@@ -200,17 +200,15 @@ def _fail(name: str, message: str, exit_code: int) -> int:
 
 
 def _launch(rest: list[str]) -> int:
-    """`trainlab launch [torchrun options] COMMAND ...`: the torchrun options end at the first command name."""
+    """`trainlab launch [torchrun options] COMMAND ...`: the first word after torchrun's options (torchrun's training
+    script) must be a trainlab command, which every worker runs as `python -m trainlab COMMAND ...`."""
     if not rest:
         raise UsageError("no command to launch: trainlab launch [torchrun options] COMMAND [options]")
     if rest[0] in ("-h", "--help"):
         print("usage: trainlab launch [torchrun options] COMMAND [options]")
         print(f"  {LAUNCH_HELP}; the options are torchrun's (`torchrun --help`)")
         return 0
-    split = next((i for i, arg in enumerate(rest) if arg in _COMMANDS), None)
-    if split is None:
-        raise UsageError(f"no command to launch; name one of: {', '.join(_COMMANDS)} (after the torchrun options)")
-    return launcher.launch(rest[:split], rest[split:])
+    return launcher.launch(rest, list(_COMMANDS))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,15 +8,19 @@ collectives, are `trainlab.dist`'s. `launch` imports torch's launcher when it ru
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import NoReturn
 
 from trainlab.errors import UsageError
+from trainlab.launch_options import as_given, check_options
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +114,18 @@ def expect_launcher_stop(exit_code: int) -> None:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(exit_code))
 
 
-_NOT_FOR_LAUNCH = ("-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path")
+_PROGRAM_FLAGS = {"module": "-m", "no_python": "--no-python", "run_path": "--run-path"}  # torchrun's: what to run
+_PET_FLAGS = ("PET_STANDALONE", "PET_MODULE", "PET_NO_PYTHON", "PET_RUN_PATH", "PET_VIRTUAL_LOCAL_RANK")
 
 
-def launch(launcher_args: Sequence[str], command: Sequence[str]) -> int:
+def launch(argv: Sequence[str], commands: Collection[str]) -> int:
     """`trainlab launch [torchrun options] COMMAND ...`: torchrun's launcher (`torch.distributed.run`) runs
     `python -m trainlab COMMAND ...` in every worker, in this process, and returns the workers' exit code.
+
+    The first word after torchrun's options (`argv`) must be one of `commands`: torchrun's training script is always
+    trainlab. torchrun's options are checked before anything starts (`launch_options.check_options`): a bad value,
+    or a contradiction such as `--standalone --nnodes 2` that would wait forever for other nodes, is one line naming
+    the option.
 
     Plain `torchrun` turns any worker's non-zero exit into a `ChildFailedError` traceback and exit code 1; here the
     first failed worker's exit code is returned as it is (2: a user error, whose one line rank 0 printed; 1: a
@@ -125,28 +135,20 @@ def launch(launcher_args: Sequence[str], command: Sequence[str]) -> int:
     without a launcher; the launcher then says so in one line and exits 0, as `trainlab train` does.
 
     Raises:
-        UsageError: an option torchrun does not know, or one that names another program to run.
+        UsageError: no trainlab command to run, an option torchrun does not know or refuses, one that names another
+            program to run, or options that contradict each other.
     """
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    for flag in launcher_args:
-        if flag.split("=")[0] in _NOT_FOR_LAUNCH:
-            raise UsageError(f"{flag} names the program to run; `trainlab launch` always runs trainlab: drop it")
-    parser = torchrun.get_args_parser()
-    parser.prog = "trainlab launch"
-
-    def refuse(message: str) -> None:
-        raise UsageError(f"{message}; see `torchrun --help` for the launcher's options")
-
-    parser.error = refuse  # type: ignore[method-assign, assignment]
-    args = parser.parse_args([*launcher_args, "-m", "trainlab", *command])
+    args = _parse(argv, commands)
     quiet = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.run")]
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.CRITICAL)
     try:
+        check_options(args)
         torchrun.run(args)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
@@ -176,3 +178,37 @@ def launch(launcher_args: Sequence[str], command: Sequence[str]) -> int:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)
     return 0
+
+
+def _parse(argv: Sequence[str], commands: Collection[str]) -> argparse.Namespace:
+    """torchrun's options and the trainlab command from `argv`, as torchrun's arguments for `python -m trainlab`."""
+    from torch.distributed import run as torchrun
+
+    choices = ", ".join(commands)
+    try:
+        parser = torchrun.get_args_parser()
+    except ValueError:  # torchrun reads its flags' defaults from PET_* variables with int()
+        bad = next((f"{name}={shlex.quote(os.environ[name])}" for name in _PET_FLAGS if name in os.environ), "PET_*")
+        raise UsageError(f"{bad} in the environment is no torchrun flag value; set it to 0 or 1, or unset it") from None
+    parser.prog = "trainlab launch"
+
+    def refuse(message: str) -> NoReturn:
+        if "training_script" in message:  # the positional argument is missing: no command after the options
+            raise UsageError(f"no command to launch; name one of: {choices} (after the torchrun options)")
+        raise UsageError(f"{message}; see `torchrun --help` for the launcher's options")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    for dest, flag in _PROGRAM_FLAGS.items():
+        if getattr(args, dest):
+            raise UsageError(
+                f"{as_given(flag, dest=dest)} names the program to run; `trainlab launch` always runs trainlab: drop it"
+            )
+    if args.training_script not in commands:
+        raise UsageError(
+            f"{args.training_script!r} is not a trainlab command; `trainlab launch` runs `python -m trainlab COMMAND` "
+            f"in every worker: name one of {choices} after the torchrun options"
+        )
+    args.training_script_args = [args.training_script, *args.training_script_args]
+    args.training_script, args.module = "trainlab", True
+    return args
