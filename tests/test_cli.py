@@ -19,6 +19,8 @@ from trainlab.config import parse
 from trainlab.errors import UsageError
 from trainlab.recipes.toy import ToyConfig
 
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # a worker's
+
 
 def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     code = main(argv)
@@ -296,14 +298,14 @@ def test_host_memory_and_a_lost_peer_are_one_line(
 
     _command(monkeypatch, failing)
     if torchrun:
-        monkeypatch.setenv("RANK", "0")
-        monkeypatch.setenv("WORLD_SIZE", "2")
+        for name, value in TORCHRUN_ENV.items():
+            monkeypatch.setenv(name, value)
         monkeypatch.setattr("trainlab.launcher.record_error_for_launcher", lambda line: None)
     assert main(["doctor"]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(line), err
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
     with pytest.raises(RuntimeError, match="Connection closed"):  # outside torchrun it is no peer's: a bug
         _command(monkeypatch, lambda argv: (_ for _ in ()).throw(RuntimeError("Connection closed by peer")))
         main(["doctor"])
@@ -371,9 +373,11 @@ def test_nothing_follows_the_error_line(monkeypatch: pytest.MonkeyPatch, capsys:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not a rank"),
-        ({"RANK": "0", "WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a rank"),
-        ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 of WORLD_SIZE=2"),
+        ({**TORCHRUN_ENV, "RANK": "abc"}, "RANK='abc' is not a rank"),
+        ({**TORCHRUN_ENV, "WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a rank"),
+        ({**TORCHRUN_ENV, "RANK": "3"}, "RANK=3 of WORLD_SIZE=2"),
+        # left exported in a shell: no launcher started the process (which printed nothing as "rank 1", then waited)
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "RANK=1 and WORLD_SIZE=2 are set, but not MASTER_ADDR / MASTER_PORT"),
     ],
 )
 def test_a_damaged_launch_environment_is_one_line(
@@ -389,6 +393,17 @@ def test_a_damaged_launch_environment_is_one_line(
     assert main(["train", "toy", "--device", "cpu", "--max-steps", "1", "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_a_stray_rank_never_silences_a_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """RANK=1 WORLD_SIZE=2 left in a shell: the command is one process and prints its own error line at once."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    started = time.monotonic()
+    assert main(["runs", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("trainlab runs: error: ") and time.monotonic() - started < 5
 
 
 def test_a_junk_rank_outside_torchrun_is_ignored(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

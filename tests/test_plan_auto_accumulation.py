@@ -113,8 +113,8 @@ def test_auto_is_refused_with_several_processes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _free(monkeypatch, 2**40)
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)  # a torchrun worker's environment
     assert main(["train", *TOY, "--grad-accumulation", "auto"]) == 2  # main() returns; only the program entry exits
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "single process only" in err and "--gpus 2" in err

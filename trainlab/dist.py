@@ -41,7 +41,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainlab.errors import TrainingStopped, UsageError
-from trainlab.launcher import expect_launcher_stop, launched_by_torchrun, local_rank, torchrun_variable
+from trainlab.launcher import (
+    expect_launcher_stop,
+    launched_by_torchrun,
+    local_rank,
+    stray_launch_variables,
+    torchrun_variable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +92,15 @@ def init(device_type: str, timeout_s: float = LONG_WAIT_S) -> None:
     docstring).
     """
     global _monitor, _timeout_s
-    if is_initialized() or not launched_by_torchrun():
+    if is_initialized():
+        return
+    if not launched_by_torchrun():
+        stray = stray_launch_variables()
+        if os.environ.get("WORLD_SIZE", "1").strip() != "1" and stray:  # one process would train as if it were many
+            raise UsageError(
+                f"{' and '.join(stray)} are set, but not MASTER_ADDR / MASTER_PORT: no launcher started this process; "
+                "unset them to train in one process, or start it with `trainlab launch` (torchrun)"
+            )
         return
     world, rank_here = torchrun_variable("WORLD_SIZE"), torchrun_variable("RANK")
     if world == 1:

@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 def launched_rank() -> int:
     """This process's rank from torchrun's RANK (0 in a single process): valid before the process group exists and
     after it is destroyed (the CLI prints errors on rank 0 only). Never raises: without a valid RANK below a valid
-    WORLD_SIZE the process counts as alone (rank 0), so it prints the error its damaged environment causes."""
+    WORLD_SIZE the process counts as alone (rank 0), so it prints the error its damaged environment causes; so does
+    a process no launcher started (`launched_by_torchrun`), whatever RANK a shell left exported."""
+    if not launched_by_torchrun():
+        return 0
     try:
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
@@ -66,9 +69,21 @@ def torchrun_variable(name: str, default: int = 0) -> int:
     return value
 
 
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for every worker
+
+
 def launched_by_torchrun() -> bool:
-    """Whether torchrun's environment (RANK, WORLD_SIZE) is set."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """Whether a launcher's environment is set: RANK and WORLD_SIZE, and the address the process group meets at
+    (MASTER_ADDR, MASTER_PORT). torchrun sets all four; RANK and WORLD_SIZE alone, left exported in a shell, are no
+    launch (`stray_launch_variables`)."""
+    return all(name in os.environ for name in LAUNCH_VARIABLES)
+
+
+def stray_launch_variables() -> list[str]:
+    """`NAME=value` of RANK / WORLD_SIZE set in a process no launcher started (empty under torchrun)."""
+    if launched_by_torchrun():
+        return []
+    return [f"{name}={os.environ[name]}" for name in ("RANK", "WORLD_SIZE") if name in os.environ]
 
 
 def record_error_for_launcher(line: str) -> None:
