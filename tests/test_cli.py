@@ -409,3 +409,32 @@ def test_a_stray_rank_never_silences_a_command(
 def test_a_junk_rank_outside_torchrun_is_ignored(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RANK", "abc")  # no WORLD_SIZE: one process, as before
     assert main(["train", "toy", "--device", "cpu", "--max-steps", "1", "--run-dir", str(tmp_path / "r")]) == 0
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["runs", "RUNS"]])
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(
+    argv: list[str], tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    """`trainlab runs | head -1`: stdout's reader is gone before the output is written. No traceback and no "Broken
+    pipe; check the path" line: the exit code a shell shows for a program its pipe's reader left (141)."""
+    assert main(["train", "toy", "--device", "cpu", "--max-steps", "1", "--run-dir", str(tmp_path / "r")]) == 0
+    command = [python, "-m", "trainlab", *[str(tmp_path) if word == "RUNS" else word for word in argv]]
+    child = subprocess.Popen(command, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # before the interpreter has started: its first write finds no reader
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 141 and err.strip() == "", err[-2000:]
+
+
+def test_text_the_terminal_cannot_encode_is_written_escaped(
+    tmp_path: Path, python: str, run_env: dict[str, str]
+) -> None:
+    folder = tmp_path / "ünï"
+    assert main(["train", "toy", "--device", "cpu", "--max-steps", "1", "--run-dir", str(folder / "rün")]) == 0
+    done = subprocess.run(
+        [python, "-m", "trainlab", "runs", str(folder)],
+        env={**run_env, "PYTHONIOENCODING": "ascii"},
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and b"r\\xfcn" in done.stdout, done.stderr[-2000:]

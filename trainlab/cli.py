@@ -30,6 +30,7 @@ import importlib
 import logging
 import os
 import resource
+import select
 import signal
 import sys
 import threading
@@ -254,6 +255,8 @@ def _run_command(name: str, rest: list[str]) -> int:
     except UsageError as err:
         return _fail(name, str(err), err.exit_code)
     except OSError as err:
+        if isinstance(err, BrokenPipeError) and _stdout_closed():
+            return STDOUT_CLOSED
         return _fail(name, describe_os_error(err), 2)
     except KeyboardInterrupt as err:
         terminated = isinstance(err, Terminated)
@@ -274,13 +277,45 @@ def _run_command(name: str, rest: list[str]) -> int:
         return _fail(name, f"out of memory ({first}); lower the batch size or other sizes, or free memory", 2)
 
 
+STDOUT_CLOSED = 128 + signal.SIGPIPE  # what a shell reports for a program its pipe's reader left (`| head -1`)
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader has gone (a BrokenPipeError there): stdout is pointed at /dev/null, so the
+    interpreter's last flush cannot fail again, and the command ends quietly: the reader asked for no more."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (captured in-process)
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    if not any(events & select.POLLERR for _, events in poller.poll(0)):  # a pipe without a reader: POLLERR
+        return False
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return True
+
+
+def _never_fail_to_encode(stream: object) -> None:
+    """Text a terminal's encoding cannot show (a non-ASCII run name under LANG=C, a file name's undecodable bytes) is
+    written escaped (\\xfc) instead of ending the command with UnicodeEncodeError."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
+
+
 def run() -> NoReturn:
     """The `trainlab` program (console script, `python -m trainlab`, `torchrun -m trainlab`): `main`, then exit.
 
     `main` only returns its exit code, so it can be called in-process; ending the process is done here. Under torchrun
     a failed rank ends at once with that code (`launcher.exit_failed_worker`), never by the launcher's signal.
     """
-    exit_code = main()
+    _never_fail_to_encode(sys.stdout)
+    try:
+        exit_code = main()
+    except BrokenPipeError:  # `trainlab --help | head -1`: outside a command's boundary
+        if not _stdout_closed():
+            raise
+        exit_code = STDOUT_CLOSED
     if exit_code != 0:
         sys.unraisablehook = _after_the_line  # the line is out: a second Ctrl-C in an atexit callback is no news
         launcher.exit_failed_worker(exit_code)
