@@ -613,3 +613,15 @@ def test_hyperparameters_edited_into_the_optimizer_state_are_not_used(
         assert {k: v for k, v in resumed.items() if k not in ("params", "lr")} == {
             k: v for k, v in live.items() if k not in ("params", "lr")
         }
+
+
+def test_a_run_dir_holding_only_best_is_never_started_afresh(tmp_path: Path) -> None:
+    """last.pt and the kept step files removed (to free disk): starting fresh would delete best.pt and the logs."""
+    Trainer(ToyRecipe(_config(tmp_path, epochs=2))).fit()
+    for path in (tmp_path / "ckpt").glob("*.pt"):
+        if path.name != "best.pt":
+            path.unlink()
+    best = (tmp_path / "ckpt" / "best.pt").read_bytes()
+    with pytest.raises(UsageError, match=r"holds .*best\.pt but no last\.pt to resume: continue from it with --resume"):
+        Trainer(ToyRecipe(_config(tmp_path, epochs=2)))
+    assert (tmp_path / "ckpt" / "best.pt").read_bytes() == best and (tmp_path / "metrics.jsonl").is_file()

@@ -401,6 +401,11 @@ def plan_relaunch(
         usable(state, path)
         return _resumable(state, path, config, fields)
     if not store.exists():
+        if store.best.exists() or store.best.is_symlink():  # starting fresh would delete the run's best weights
+            raise UsageError(
+                f"{run_dir} holds {store.best} but no last.pt to resume: continue from it with --resume "
+                f"{store.best}, start over with --overwrite (deleting it), or pass a new --run-dir"
+            )
         return RelaunchPlan("fresh", replace_logs=RunDir(run_dir).metrics.exists())
     if resume == "never":
         raise UsageError(
