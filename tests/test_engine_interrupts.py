@@ -129,3 +129,23 @@ def test_a_hung_up_terminal_still_saves(tmp_path: Path, python: str, run_env: di
     assert proc.wait(timeout=120) == 0
     stopped_at = load_checkpoint(run / "ckpt" / "last.pt")["step"]
     assert 3 <= stopped_at < 32
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_to_the_whole_process_group_with_loader_workers_saves(
+    tmp_path: Path, python: str, run_env: dict[str, str], stop_signal: signal.Signals
+) -> None:
+    """`docker stop`, `scancel`, a terminal's Ctrl-C: the signal reaches the loader workers too. They leave it to the
+    training process, which finishes its step and saves it (killed, they made the loader raise "DataLoader worker
+    ... is killed by signal", and the steps since the last save were lost)."""
+    run = tmp_path / "run"
+    command = [python, "-m", "trainlab", *ARGS, "--num-workers", "2", "--step-sleep-seconds", "0.1"]
+    proc = subprocess.Popen(
+        [*command, "--run-dir", str(run)], env=run_env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    _wait_for_rows(run / "metrics.jsonl", 4)
+    os.killpg(proc.pid, stop_signal)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert "interrupted at step" in err.strip().splitlines()[-1], err[-2000:]
+    assert load_checkpoint(run / "ckpt" / "last.pt")["step"] == len(_train_losses(run))

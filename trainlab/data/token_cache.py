@@ -48,6 +48,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from trainlab import dist
 from trainlab.data.augment import EpochCounter, augment_draws, decide_flip
 from trainlab.data.errors import DataError
+from trainlab.data.loader_workers import ignore_stop_signals
 from trainlab.dtypes import at_least_float32
 from trainlab.errors import UsageError
 
@@ -377,6 +378,7 @@ def build_token_cache(
             batch_size=batch_size,
             shuffle=False,
             num_workers=num_workers,
+            worker_init_fn=ignore_stop_signals,
             generator=torch.Generator().manual_seed(0),
         )
         done = 0

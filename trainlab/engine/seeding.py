@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainlab.data.loader_workers import ignore_stop_signals
+
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and every CUDA device)."""
@@ -23,7 +25,9 @@ def derive_seed(*parts: int) -> int:
 
 
 def worker_init_fn(worker_id: int) -> None:
-    """Seed NumPy and `random` in a DataLoader worker from torch's per-worker seed (distinct per worker)."""
+    """Seed NumPy and `random` in a DataLoader worker from torch's per-worker seed (distinct per worker); the stop
+    signals are the training process's (`data.loader_workers`)."""
+    ignore_stop_signals(worker_id)
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)

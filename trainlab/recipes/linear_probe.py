@@ -53,6 +53,7 @@ from trainlab.data.config import (
     root_option,
     train_limit_option,
 )
+from trainlab.data.loader_workers import ignore_stop_signals
 from trainlab.data.sources import ImageSplit, normalisation, num_classes, open_split
 from trainlab.data.transforms import RandomResizedCropFlip, ResizeCenterCrop
 from trainlab.dtypes import at_least_float32
@@ -353,7 +354,13 @@ class LinearProbeRecipe(Recipe[LinearProbeConfig]):
         test = self._test_split().images
         folder = self.config.data.kind == "image-folder"  # decoded per image (loader workers); else in memory
         workers = self.config.num_workers if folder else 0
-        batches = DataLoader(test, batch_size=256 if folder else 512, shuffle=False, num_workers=workers)
+        batches = DataLoader(
+            test,
+            batch_size=256 if folder else 512,
+            shuffle=False,
+            num_workers=workers,
+            worker_init_fn=ignore_stop_signals,
+        )
         total = len(test)  # type: ignore[arg-type]
         dtype = next(classifier.parameters()).dtype
         correct = 0

@@ -67,6 +67,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainlab.config import from_dict, option
 from trainlab.data.config import DataConfig, eval_limit_option, fake_size_option, kind_option, root_option
+from trainlab.data.loader_workers import ignore_stop_signals
 from trainlab.data.sources import ImageSplit, open_split
 from trainlab.data.token_cache import (
     VARIANT_MIRRORED,
@@ -489,6 +490,7 @@ class VARRecipe(Recipe[VARTrainConfig]):
             batch_size=c.eval_batch_size,
             shuffle=False,
             num_workers=c.num_workers,
+            worker_init_fn=ignore_stop_signals,
             generator=torch.Generator().manual_seed(0),
         )
         totals = TokenMetricTotals(self.slices, device)
