@@ -127,8 +127,6 @@ def test_a_store_that_is_no_store_is_nothing_stored(
         (["--gpu", "48GiB", "--price", "48GiB=2"], "by name"),
         (["--dataset-size", "-5"], "--dataset-size"),
         (["--gpu", "all", "--device", "cpu"], "--gpu plans for a CUDA device"),
-        (["--batch-size", "128"], "dataset has 64 samples, fewer than one batch of 128; lower --batch-size"),
-        (["--dataset-size", "16"], "fewer than one batch of 32; lower --batch-size or raise --dataset-size"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -160,3 +158,15 @@ def test_divisors_are_those_of_a_scan_and_a_huge_batch_plans_in_seconds(capsys: 
     big = ["toy", "--num-samples", str(2**40), "--batch-size", str(2**40), "--gpu", "H100-80GB", "--json"]
     assert main(["plan", *big]) == 0
     assert json.loads(capsys.readouterr().out)["max_micro_batch"] > 0
+
+
+@pytest.mark.parametrize("argv", [["--batch-size", "128"], ["--dataset-size", "16"]])
+def test_a_dataset_smaller_than_the_batch_gets_memory_but_no_run_time(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run would be refused (no step in an epoch): the memory is planned, the time and cost are not ("run: 0
+    steps = 0.0 min, $0.00" before), and a note says why."""
+    assert main(["plan", *TOY, *argv, "--gpu", "H100-80GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] and out["run_hours"] is None and out["cost_usd"] is None
+    assert any("hold no batch of" in note and "`trainlab train` refuses this run" in note for note in out["notes"])

@@ -427,11 +427,13 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
         raise UsageError(f"--gpus must be >= 1, got {request.gpus}")
     micro = micro_batch_size(cfg.batch_size, cfg.grad_accumulation, request.gpus)
     dataset_size = request.dataset_size if request.dataset_size is not None else known_dataset_size(cfg)
-    if dataset_size is not None and dataset_size < cfg.batch_size:  # what the run itself would refuse
-        raise UsageError(
-            f"dataset has {dataset_size} samples, fewer than one batch of {cfg.batch_size}; lower --batch-size"
-            + (" or raise --dataset-size" if request.dataset_size is not None else "")
+    no_batch = None  # the memory is planned all the same; a run of no step has no time or cost
+    if dataset_size is not None and dataset_size < cfg.batch_size:
+        no_batch = (
+            f"the dataset's {dataset_size:,} samples hold no batch of {cfg.batch_size:,}: `trainlab train` refuses "
+            "this run (no run time or cost is given); lower --batch-size, or plan with --dataset-size N"
         )
+        dataset_size = None
     searching = request.gpu is not None and request.search
     if request.workers > 1 and (searching or request.candidates):
         jobs = _known_jobs(cfg, micro, searching, tracer.copies)
@@ -485,6 +487,8 @@ def _plan(recipe: Recipe[Any], request: PlanRequest, tracer: _Tracer) -> Plan:
         max_steps=cfg.max_steps,
     )
     result.notes = recipe.plan_notes(request.gpus, cfg.grad_accumulation, micro)
+    if no_batch is not None:
+        result.notes.append(no_batch)
     if request.device == "cuda" and main.uses_convolution and cfg.precision == "fp32" and not cfg.deterministic:
         result.notes.append(CUDNN_FP32_NOTE)
     if request.candidates:
