@@ -14,6 +14,8 @@ import dataclasses
 import errno
 import json
 import math
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -625,3 +627,38 @@ def test_a_run_dir_holding_only_best_is_never_started_afresh(tmp_path: Path) -> 
     with pytest.raises(UsageError, match=r"holds .*best\.pt but no last\.pt to resume: continue from it with --resume"):
         Trainer(ToyRecipe(_config(tmp_path, epochs=2)))
     assert (tmp_path / "ckpt" / "best.pt").read_bytes() == best and (tmp_path / "metrics.jsonl").is_file()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("name", "make", "said"),
+    [
+        ("metrics.jsonl", os.mkfifo, "metrics.jsonl is a FIFO, not a regular file: the run writes its own file there"),
+        ("config.yaml", os.mkfifo, "config.yaml is a FIFO"),
+        ("environment.yaml", os.mkfifo, "environment.yaml is a FIFO"),
+        (".lock", os.mkfifo, ".lock is a FIFO"),
+        (".write-test", os.mkfifo, None),  # the writability probe has a name of its own: no wait, no refusal
+        ("metrics.jsonl", os.mkdir, "metrics.jsonl is a folder"),
+        ("ckpt", lambda path: Path(path).write_text("x"), "ckpt is a file: the run keeps its folder there"),
+    ],
+)
+def test_something_else_in_place_of_a_run_file_is_refused_before_training(
+    tmp_path: Path, name: str, make: Any, said: str | None
+) -> None:
+    """A FIFO where the run writes a file blocked the first write forever (no output at all)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    make(str(run_dir / name))
+    if said is None:
+        assert Trainer(ToyRecipe(_config(run_dir, max_steps=2))).fit().step == 2
+        return
+    with pytest.raises(UsageError, match=re.escape(said)):
+        Trainer(ToyRecipe(_config(run_dir, max_steps=2))).fit()
+
+
+def test_a_run_dir_that_is_a_file_or_a_broken_link_says_so(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name, said in (("file", "is a file"), ("dangling", "is a broken symbolic link")):
+        with pytest.raises(UsageError, match=f"run directory .*{name} {said}; pass a folder as --run-dir"):
+            Trainer(ToyRecipe(_config(tmp_path / name, max_steps=2))).fit()

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import yaml
 
 from trainlab.engine.run_length import RunLength, run_length
 from trainlab.engine.run_lock import LOCK_NAME, lock_owner
-from trainlab.errors import UsageError, first_line
+from trainlab.errors import UsageError, first_line, missing_file
 
 log = logging.getLogger(__name__)
 
@@ -115,18 +116,27 @@ class RunDir:
 
     # ----------------------------------------------------------------------------------------------- writing
     def prepare(self) -> None:
-        """Create the directory, or a one-line UsageError when it cannot be written."""
+        """Create the directory, or a one-line UsageError when it cannot be written, or when one of the run's own
+        files is something else than a file (a FIFO would block the first write forever, a folder fail it) or one of
+        its folders is not a folder."""
+        if (self.path.exists() or self.path.is_symlink()) and not self.path.is_dir():
+            raise UsageError(f"run directory {self.path} {missing_file(self.path)}; pass a folder as --run-dir")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".write-test"
-            probe.write_text("ok")
-            probe.unlink()
+            with tempfile.NamedTemporaryFile(dir=self.path, prefix=".write-test-"):
+                pass
         except OSError as err:
             raise UsageError(
                 f"run directory {self.path} is not writable ({err.strerror}); pass a writable --run-dir"
             ) from None
         if not os.access(self.path, os.W_OK):
             raise UsageError(f"run directory {self.path} is not writable; pass a writable --run-dir")
+        for file in (self.metrics, self.config, self.environment, self.wandb_run_id, self.lock):
+            if (file.exists() or file.is_symlink()) and not file.is_file():
+                raise UsageError(f"{file} {missing_file(file)}: the run writes its own file there; remove it")
+        for folder in (self.ckpt, self.tb):
+            if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+                raise UsageError(f"{folder} {missing_file(folder)}: the run keeps its folder there; remove it")
 
     def clear_logs(self) -> None:
         """Delete the logs of an earlier attempt (metrics.jsonl, TensorBoard, the W&B run id): `--overwrite`."""
