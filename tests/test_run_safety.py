@@ -481,7 +481,7 @@ def test_output_paths_that_are_files_are_one_line(tmp_path: Path, capsys: pytest
     (run / "metrics.jsonl").unlink()
     (run / "metrics.jsonl").mkdir()  # relaunched on a run dir whose metrics.jsonl is a directory
     line = _one_line(capsys, ["train", "toy", "--max-steps", "3", "--tensorboard", "false", "--run-dir", str(run)])
-    assert f"Is a directory: {run}/metrics.jsonl; a folder is in the way" in line
+    assert f"{run}/metrics.jsonl is a folder, not a regular file: the run writes its own file there" in line
 
 
 def test_a_folder_at_last_pt_is_refused_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
