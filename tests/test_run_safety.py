@@ -222,6 +222,8 @@ def _damage(state: dict[str, Any], how: str) -> None:
         "momentum a string": lambda: first.update(momentum_buffer="0"),
         "momentum of integers": lambda: first.update(momentum_buffer=first["momentum_buffer"].long()),
         "best_score of 400 digits": lambda: state.update(best_score=10**400),
+        "best_score NaN": lambda: state.update(best_score=math.nan),
+        "best_score inf": lambda: state.update(best_score=math.inf),
     }
     changes[how]()
 
@@ -246,6 +248,8 @@ DAMAGES = [
     "momentum a string",
     "momentum of integers",
     "best_score of 400 digits",
+    "best_score NaN",
+    "best_score inf",
 ]
 
 
@@ -662,3 +666,17 @@ def test_a_run_dir_that_is_a_file_or_a_broken_link_says_so(tmp_path: Path) -> No
     for name, said in (("file", "is a file"), ("dangling", "is a broken symbolic link")):
         with pytest.raises(UsageError, match=f"run directory .*{name} {said}; pass a folder as --run-dir"):
             Trainer(ToyRecipe(_config(tmp_path / name, max_steps=2))).fit()
+
+
+def test_an_empty_run_dir_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--run-dir "$RUN"` with RUN unset would make the current folder the run directory."""
+    line = _one_line(capsys, ["train", "toy", "--max-steps", "2", "--run-dir", ""])
+    assert "run_dir: an empty path" in line, line
+
+
+def test_a_closed_stderr_still_trains_and_saves(tmp_path: Path, run_env: dict[str, str]) -> None:
+    """`trainlab train ... 2>&-`: Python's sys.stderr is None, which the progress bar's terminal check failed on."""
+    command = f"{sys.executable} -m trainlab train toy --max-steps 2 --run-dir {tmp_path / 'run'} 2>&-"
+    done = subprocess.run(["bash", "-c", command], env=run_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert (tmp_path / "run" / "ckpt" / "last.pt").is_file()

@@ -295,6 +295,22 @@ def _stdout_closed() -> bool:
     return True
 
 
+def _open_closed_standard_streams() -> None:
+    """A standard stream the caller closed (`trainlab train ... 2>&-`) becomes /dev/null: Python leaves sys.stderr
+    None (the progress bar's and the logger's checks then fail), and the next file the run opens would take the free
+    descriptor and receive what is written to the stream."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        setattr(sys, name, open(fd, mode, buffering=1 if mode == "w" else -1, closefd=False))  # noqa: SIM115
+
+
 def _never_fail_to_encode(stream: object) -> None:
     """Text a terminal's encoding cannot show (a non-ASCII run name under LANG=C, a file name's undecodable bytes) is
     written escaped (\\xfc) instead of ending the command with UnicodeEncodeError."""
@@ -309,6 +325,7 @@ def run() -> NoReturn:
     `main` only returns its exit code, so it can be called in-process; ending the process is done here. Under torchrun
     a failed rank ends at once with that code (`launcher.exit_failed_worker`), never by the launcher's signal.
     """
+    _open_closed_standard_streams()
     _never_fail_to_encode(sys.stdout)
     try:
         exit_code = main()

@@ -312,6 +312,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         if tp is str:
             return str(value)
         if tp is Path:
+            if not str(value).strip():  # `--run-dir "$RUN"` with RUN unset: not the current folder by accident
+                raise UsageError(f"{where}: an empty path; pass a path (`.` for the current folder)")
             return Path(value)
     except (TypeError, ValueError, OverflowError):
         name = getattr(tp, "__name__", str(tp))

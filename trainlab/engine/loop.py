@@ -600,7 +600,7 @@ class Trainer:
             self._bar.log_eval(epoch, metrics)
         is_best = False
         key = self.recipe.best_metric
-        if key and key in metrics:
+        if key and key in metrics and math.isfinite(metrics[key]):  # a NaN would never be bettered
             score = metrics[key]
             best = self.progress.best_score
             better = best is None or (score > best if self.recipe.best_mode == "max" else score < best)

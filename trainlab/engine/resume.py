@@ -27,6 +27,7 @@ file is one line naming it, never a traceback from deep inside a load. The layou
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,8 +207,10 @@ def check_structure(state: Mapping[str, Any], path: Path) -> None:
     for key in ("step", "epoch", "step_in_epoch"):
         if not _is_int(state.get(key)) or state[key] < 0:
             raise _damaged(path, f"{key!r} is {state.get(key)!r}, not a count")
-    if state.get("best_score") is not None and not _is_number(state["best_score"]):
-        raise _damaged(path, f"'best_score' is {state['best_score']!r:.40}, not a number")
+    if state.get("best_score") is not None and not (
+        _is_number(state["best_score"]) and math.isfinite(state["best_score"])
+    ):  # NaN or inf: no later score would be best, and best.pt would never be written again
+        raise _damaged(path, f"'best_score' is {state['best_score']!r:.40}, not a finite number")
     if state.get("best_step") is not None and not (_is_int(state["best_step"]) and state["best_step"] >= 0):
         raise _damaged(path, f"'best_step' is {state['best_step']!r}, not a step")
     if not isinstance(state.get("eval_pending", False), bool):
