@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -680,3 +681,21 @@ def test_a_closed_stderr_still_trains_and_saves(tmp_path: Path, run_env: dict[st
     done = subprocess.run(["bash", "-c", command], env=run_env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:]
     assert (tmp_path / "run" / "ckpt" / "last.pt").is_file()
+
+
+def test_a_read_only_checkpoint_folder_is_refused_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only mount at ckpt/ (the run dir writable): found at the relaunch, not at the first save an epoch later
+    (whose message then advised freeing disk space)."""
+    Trainer(ToyRecipe(_config(tmp_path, max_steps=2))).fit()
+    real = tempfile.NamedTemporaryFile
+
+    def read_only_ckpt(*args: Any, **kwargs: Any) -> Any:
+        if Path(kwargs.get("dir", "")).name == "ckpt":
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only_ckpt)
+    with pytest.raises(UsageError, match=r"ckpt is not writable \(Read-only file system\); make it writable"):
+        Trainer(ToyRecipe(_config(tmp_path, max_steps=4)))

@@ -245,7 +245,9 @@ def atomic_save(obj: Any, path: Path, *, fix: str | None = None) -> None:
 
 
 def _write_error(path: Path, reason: str, fix: str | None = None) -> UsageError:
-    fix = fix or "the previous checkpoint is intact: free disk space or pass another --run-dir, then resume"
+    unwritable = any(words in reason for words in ("Read-only", "Permission denied", "not writable"))
+    room = "make the folder writable" if unwritable else "free disk space"
+    fix = fix or f"the previous checkpoint is intact: {room} or pass another --run-dir, then resume"
     return UsageError(f"could not write {path} ({reason[:160]}); {fix}")
 
 

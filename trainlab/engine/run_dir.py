@@ -137,6 +137,14 @@ class RunDir:
         for folder in (self.ckpt, self.tb):
             if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
                 raise UsageError(f"{folder} {missing_file(folder)}: the run keeps its folder there; remove it")
+            if folder.is_dir():  # a read-only mount there would stop the run at its first save, after the epoch
+                try:
+                    with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+                        pass
+                except OSError as err:
+                    raise UsageError(
+                        f"{folder} is not writable ({err.strerror}); make it writable or pass another --run-dir"
+                    ) from None
 
     def clear_logs(self) -> None:
         """Delete the logs of an earlier attempt (metrics.jsonl, TensorBoard, the W&B run id): `--overwrite`."""
