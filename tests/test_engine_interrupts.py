@@ -149,3 +149,20 @@ def test_a_stop_signal_to_the_whole_process_group_with_loader_workers_saves(
     assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
     assert "interrupted at step" in err.strip().splitlines()[-1], err[-2000:]
     assert load_checkpoint(run / "ckpt" / "last.pt")["step"] == len(_train_losses(run))
+
+
+def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written() -> None:
+    """Raised inside torch.save, the KeyboardInterrupt cut the file and surfaced as torch's RuntimeError (a traceback,
+    exit 1): while a checkpoint is written it is put off; the run exits right after the save, as the first asked."""
+    from trainlab.engine.signals import deferring_interrupts, graceful_stop
+
+    with graceful_stop() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop.requested
+        with deferring_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again, during the write
+            time.sleep(0.05)
+        with pytest.raises(KeyboardInterrupt):  # outside a save the second Ctrl-C still stops at once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)

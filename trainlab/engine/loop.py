@@ -54,7 +54,7 @@ from trainlab.engine.runinfo import write_config
 from trainlab.engine.sampler import training_loader
 from trainlab.engine.schedule import Scheduler
 from trainlab.engine.seeding import set_deterministic, set_rng_state
-from trainlab.engine.signals import StopFlag, graceful_stop
+from trainlab.engine.signals import StopFlag, deferring_interrupts, graceful_stop
 from trainlab.engine.step import StepRunner
 from trainlab.engine.throughput import Throughput, compute_name, device_peak
 from trainlab.errors import TrainingStopped, UsageError
@@ -328,7 +328,8 @@ class Trainer:
         state = training_state(self.recipe, self.run, self.progress, self.dataset_size, whole=not self.writer.sharded)
         # waited for by every rank (the side group's long timeout, not --dist-timeout); a full disk stops every rank
         # with its one line
-        self.writer.write(state, is_best=is_best)
+        with deferring_interrupts():  # a second Ctrl-C now would cut the file being written
+            self.writer.write(state, is_best=is_best)
 
     def step_info(self) -> StepInfo:
         """The `StepInfo` of the next optimizer step."""

@@ -29,10 +29,14 @@ class StopFlag:
         self.requested = False
         self.signal_name = ""
         self._terminal_fds = terminal_fds  # the standard streams that were a terminal when training began
+        self.saving = False  # a checkpoint is being written: a second SIGINT waits for it (`deferring_interrupts`)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested and signum == signal.SIGINT:
+            if self.saving:  # raised inside torch.save it would cut the file and surface as a RuntimeError
+                log.warning("SIGINT again: the checkpoint being written is finished first, then the run exits")
+                return
             raise KeyboardInterrupt
         first = not self.requested
         self.requested = True
@@ -81,12 +85,33 @@ def graceful_stop() -> Iterator[StopFlag]:
     if threading.current_thread() is not threading.main_thread():
         yield StopFlag()
         return
+    global _ACTIVE
     flag = StopFlag(_terminal_fds())
     previous = {s: signal.getsignal(s) for s in stop_signals()}
     for s in previous:
         signal.signal(s, flag._handle)
+    _ACTIVE = flag
     try:
         yield flag
     finally:
+        _ACTIVE = None
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+_ACTIVE: StopFlag | None = None  # the flag of the training loop in progress (main thread)
+
+
+@contextmanager
+def deferring_interrupts() -> Iterator[None]:
+    """While a checkpoint is written: a second Ctrl-C does not interrupt the write (the run exits right after it, as
+    the first Ctrl-C asked); outside training, nothing changes."""
+    flag = _ACTIVE
+    if flag is None:
+        yield
+        return
+    flag.saving = True
+    try:
+        yield
+    finally:
+        flag.saving = False
