@@ -42,3 +42,26 @@ def test_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, list(tmp_path.rglob("*"))[:20]
     assert list(runs[0].glob("*.wandb"))
+
+
+def test_a_tensorboard_folder_removed_mid_run_stops_tensorboard_not_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its writes failing (the tb/ folder removed, its disk failing) ended the run without a save."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writes = {"n": 0}
+    real = SummaryWriter.add_scalar
+
+    def failing_after_a_while(self: SummaryWriter, *args: object, **kwargs: object) -> None:
+        writes["n"] += 1
+        if writes["n"] > 20:
+            raise FileNotFoundError(2, "No such file or directory", "tb/events.out.tfevents")
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", failing_after_a_while)
+    cfg = ToyConfig(run_dir=tmp_path, num_samples=64, batch_size=16, epochs=2, log_every=1, tensorboard=True)
+    assert Trainer(ToyRecipe(cfg)).fit().step == 8
+    assert "TensorBoard logging stopped" in caplog.text
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert sum(row["kind"] == "train" for row in rows) == 8

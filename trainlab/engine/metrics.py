@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ from urllib.parse import urlparse
 from tqdm import tqdm
 
 from trainlab.engine.run_dir import RunDir
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, first_line
 
 log = logging.getLogger(__name__)
 progress_log = logging.getLogger("trainlab.progress")
@@ -151,18 +152,26 @@ class MetricsLogger:
         self._jsonl.write(json.dumps(row) + "\n")
         numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
-            for key, value in numeric.items():
-                self._tb.add_scalar(f"{kind}/{key}", value, step)
+            try:
+                for key, value in numeric.items():
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+            except OSError as err:  # its folder removed or its disk failing: the run (and metrics.jsonl) go on
+                log.warning("TensorBoard logging stopped (%s); metrics.jsonl keeps every row", first_line(err))
+                self._close_tensorboard()
         if self._wandb is not None:
             self._wandb.log({f"{kind}/{k}": v for k, v in numeric.items()}, step=step)
+
+    def _close_tensorboard(self) -> None:
+        if self._tb is not None:
+            writer, self._tb = self._tb, None
+            with contextlib.suppress(OSError):  # the folder that failed a write fails the close too
+                writer.close()
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        self._close_tensorboard()
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
