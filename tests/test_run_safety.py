@@ -699,3 +699,18 @@ def test_a_read_only_checkpoint_folder_is_refused_before_training(
     monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only_ckpt)
     with pytest.raises(UsageError, match=r"ckpt is not writable \(Read-only file system\); make it writable"):
         Trainer(ToyRecipe(_config(tmp_path, max_steps=4)))
+
+
+class _NanFirstEvaluation(ToyRecipe):
+    """The toy recipe whose first evaluation is NaN (a diverged epoch, a broken metric)."""
+
+    def evaluate(self, models: Mapping[str, nn.Module], device: torch.device, epoch: int) -> dict[str, float]:
+        metrics = super().evaluate(models, device, epoch)
+        return {**metrics, "accuracy": math.nan} if epoch == 1 else metrics
+
+
+def test_a_nan_evaluation_is_never_the_best(tmp_path: Path) -> None:
+    """No later score compares better than NaN: taken as the best, it kept best.pt from being written again."""
+    Trainer(_NanFirstEvaluation(_config(tmp_path, epochs=3))).fit()
+    best = load_checkpoint(tmp_path / "ckpt" / "best.pt")
+    assert best["best_score"] is not None and math.isfinite(best["best_score"]) and best["epoch"] > 1
