@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import urllib.error
 from pathlib import Path
@@ -88,6 +89,9 @@ def test_incomplete_and_corrupt_dataset_errors(tmp_path: Path) -> None:
         load_cifar10(root, train=True)
     (folder / "data_batch_3").unlink()
     with pytest.raises(UsageError, match=r"incomplete \(missing data_batch_3"):
+        load_cifar10(root, train=True)
+    os.mkfifo(folder / "data_batch_3")  # there, but not a file: named as what it is, not as missing
+    with pytest.raises(UsageError, match=r"data_batch_3 is a FIFO, not a regular file; put the archive's file there"):
         load_cifar10(root, train=True)
 
 

@@ -50,7 +50,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 
 from trainlab.data.augment import EpochCounter
 from trainlab.data.transforms import pad_crop_flip, pad_crop_flip_draws
-from trainlab.errors import UsageError
+from trainlab.errors import UsageError, missing_file
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,13 @@ def load_cifar10(
             "or --data.root to point at it"
         )
     missing = _missing(folder)
+    in_the_way = [name for name in missing if (folder / name).exists() or (folder / name).is_symlink()]
+    if in_the_way:  # not missing: a FIFO, a folder, a device or a broken link has the file's name
+        path = folder / in_the_way[0]
+        raise UsageError(
+            f"CIFAR-10 under {root}: {path} {missing_file(path)}; put the archive's file there, or delete {folder} "
+            "and pass --data.download to fetch it again"
+        )
     if missing:
         raise UsageError(
             f"CIFAR-10 under {root} is incomplete (missing {', '.join(missing)} in {folder}); "
