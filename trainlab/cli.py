@@ -156,8 +156,13 @@ def _library_not_mapped(err: ImportError) -> bool:
     return "failed to map segment" in text or "cannot allocate memory" in text
 
 
+def _head(err: BaseException) -> str:
+    """The first line of an error's message (its type where it has none), at most 200 characters."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+
+
 def _address_space_message(err: ImportError) -> str:
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    first = _head(err)
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     limit = "" if soft == resource.RLIM_INFINITY else f" (ulimit -v {soft // 1024} KiB)"
     return (
@@ -269,7 +274,7 @@ def _run_command(name: str, rest: list[str]) -> int:
             raise  # a missing module or a bad install: the traceback names it
         return _fail(name, _address_space_message(err), 2)
     except (MemoryError, RuntimeError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        first = _head(err)
         if _peer_lost(err):
             return _fail(name, f"another process of the run is gone ({first}); see the launcher's message", 1)
         if not _out_of_memory(err):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import netrc
 import os
 import secrets
@@ -27,17 +26,12 @@ from tqdm import tqdm
 
 from trainlab.engine.run_dir import RunDir
 from trainlab.errors import UsageError, first_line
+from trainlab.json_out import finite_json
 
 log = logging.getLogger(__name__)
 progress_log = logging.getLogger("trainlab.progress")
 
 Kind = Literal["train", "eval", "summary", "event", "health"]  # health: trainlab.engine.health, every N steps
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no inf/nan; keep them visible rather than dropping the row
-    return value
 
 
 def wandb_has_api_key() -> bool:
@@ -147,7 +141,7 @@ class MetricsLogger:
     def log(self, kind: Kind, step: int, epoch: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        row = {"kind": kind, "step": step, "epoch": epoch, **{k: _clean(v) for k, v in metrics.items()}}
+        row = {"kind": kind, "step": step, "epoch": epoch, **finite_json(metrics)}
         assert self._jsonl is not None
         self._jsonl.write(json.dumps(row) + "\n")
         numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -123,8 +123,7 @@ class RunDir:
             raise UsageError(f"run directory {self.path} {missing_file(self.path)}; pass a folder as --run-dir")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.path, prefix=".write-test-"):
-                pass
+            _probe_writable(self.path)
         except OSError as err:
             raise UsageError(
                 f"run directory {self.path} is not writable ({err.strerror}); pass a writable --run-dir"
@@ -139,8 +138,7 @@ class RunDir:
                 raise UsageError(f"{folder} {missing_file(folder)}: the run keeps its folder there; remove it")
             if folder.is_dir():  # a read-only mount there would stop the run at its first save, after the epoch
                 try:
-                    with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
-                        pass
+                    _probe_writable(folder)
                 except OSError as err:
                     raise UsageError(
                         f"{folder} is not writable ({err.strerror}); make it writable or pass another --run-dir"
@@ -325,6 +323,16 @@ class RunDir:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _probe_writable(folder: Path) -> None:
+    """Create and delete a file of a name of its own in `folder` (a FIFO of a fixed name would block the probe).
+
+    Raises:
+        OSError: the folder cannot be written (read-only mount, permissions, full disk).
+    """
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+        pass
 
 
 def _read_text(path: Path) -> str:

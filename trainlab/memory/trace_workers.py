@@ -233,13 +233,14 @@ class TraceWorkers:
             if reader not in ready:
                 continue
             try:
-                self._finished[job] = reader.recv()
+                answer = reader.recv()
             except EOFError:  # killed (the OOM killer, a signal) before it could answer
-                process.join()
-                died = RuntimeError(f"a planner worker tracing {job} died (exit code {process.exitcode})")
-                self._finished[job] = (False, died)
+                answer = None
             reader.close()
             process.join()
+            if answer is None:
+                answer = (False, RuntimeError(f"a planner worker tracing {job} died (exit code {process.exitcode})"))
+            self._finished[job] = answer
             del self._running[job]
 
 
